@@ -1,0 +1,52 @@
+// Package middleware composes RabbitMQ message handlers: wrap your Handler in
+// Chain(Retry(5), Recover(r)) and a failing message is retried with backoff and,
+// when every attempt has failed, handed to a Recoverer (a dead-letter exchange,
+// a broker retry tier) instead of being requeued forever.
+//
+// # Order
+//
+// Chain(a, b, c)(h) is a(b(c(h))): the first middleware is the outermost and sees
+// a delivery first. Retry calls every middleware after it on each attempt.
+//
+// Recover cooperates with an enclosing Retry. In the usual chain
+//
+//	Chain(Retry(5), Recover(dlq))
+//
+// Recover sits inside Retry and sees every attempt's error. It asks the Retry
+// around it whether that error will be retried: if so it passes the error up and
+// Retry waits and tries again; if not (the last attempt, a Permanent error, a
+// retry predicate that says no, the time limit) Recover hands the delivery to the
+// Recoverer. The mirrored chain Chain(Recover(dlq), Retry(5)) behaves the same:
+// with no Retry around it, Recover recovers whatever Retry finally returns.
+//
+// # Outcomes
+//
+// A handler returns nil (done), an error (retry it), or Permanent(err) (never
+// retry it; backoff.Permanent is honoured too). Settle and SettlementFor state
+// what the listener does with the chain's final error:
+//
+//	nil                                   → ack
+//	ErrInterrupted (shutdown, lost link)  → requeue, never recovered
+//	ErrRecoveryFailed (recoverer failed)  → requeue: the message is not safe elsewhere
+//	Permanent                             → reject without requeue (the queue's own DLX)
+//	anything else (ErrRetriesExhausted …) → requeue
+//
+// # Waiting without holding a worker
+//
+// Retry waits between attempts in a select on the context, a timer and an
+// optional interrupt channel (WithInterrupt), so shutdown ends a wait at once.
+// Because Retry calls next once per attempt, a concurrency gate placed around the
+// innermost handler only, as the listener does with mw(gate(h)), is held while the
+// handler runs and released while the delivery sleeps: other deliveries use the
+// worker in the meantime, and a poison message in backoff does not block healthy
+// ones. Put nothing that must hold a worker between Retry and the handler.
+//
+// # State
+//
+// A Middleware built by Retry is immutable and safe to share; each delivery gets
+// its own execution (attempt counter, backoff state), so Retry can serve many
+// deliveries concurrently. WorstCaseWait reports how long a chain may hold one
+// delivery in backoff, which the listener compares with RabbitMQ's
+// consumer_timeout (30 minutes by default): waits longer than that belong in
+// broker-side retry tiers (package dlx), not in memory.
+package middleware

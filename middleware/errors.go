@@ -1,0 +1,125 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Sentinels matched with errors.Is. Each has a typed error that carries the
+// details and unwraps to the underlying cause.
+var (
+	// ErrRetriesExhausted: every attempt Retry was allowed to make failed, or
+	// its time limit left no room for another. See RetriesExhaustedError.
+	ErrRetriesExhausted = errors.New("middleware: retries exhausted")
+
+	// ErrInterrupted: processing stopped because the delivery's context ended
+	// or the listener began shutting down, not because the message is bad. The
+	// listener requeues it and Recover never recovers it. See InterruptedError.
+	ErrInterrupted = errors.New("middleware: processing interrupted")
+
+	// ErrRecoveryFailed: the Recoverer could not put the message somewhere safe,
+	// so it must stay on its queue. See RecoveryError.
+	ErrRecoveryFailed = errors.New("middleware: recovery failed")
+)
+
+// PermanentError marks an error that retrying cannot fix.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent marks err as not worth retrying: Retry stops at once, Recover
+// recovers it, and without a recoverer the listener rejects the message
+// without requeueing it. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err, or any error it wraps, was marked by
+// Permanent or by backoff.Permanent.
+func IsPermanent(err error) bool {
+	var ours *PermanentError
+	if errors.As(err, &ours) {
+		return true
+	}
+	var theirs *backoff.PermanentError
+	return errors.As(err, &theirs)
+}
+
+// RetriesExhaustedError is returned by Retry when no further attempt is
+// allowed. It matches ErrRetriesExhausted and unwraps to the last attempt's
+// error.
+type RetriesExhaustedError struct {
+	Attempts int   // attempts made, the first call included
+	Last     error // the last attempt's error
+	// TimeLimited is true when the time limit (WithMaxElapsedTime), not the
+	// attempt count, stopped the retries.
+	TimeLimited bool
+}
+
+func (e *RetriesExhaustedError) Error() string {
+	why := ""
+	if e.TimeLimited {
+		why = " (time limit reached)"
+	}
+	return fmt.Sprintf("middleware: retries exhausted after %d attempt%s%s: %v", e.Attempts, plural(e.Attempts), why, e.Last)
+}
+
+func (e *RetriesExhaustedError) Is(target error) bool { return target == ErrRetriesExhausted }
+func (e *RetriesExhaustedError) Unwrap() error        { return e.Last }
+
+// InterruptedError reports that processing stopped for a reason outside the
+// message: the context ended or the interrupt channel closed. It matches
+// ErrInterrupted and unwraps to both the reason (context.Canceled,
+// context.DeadlineExceeded or ErrInterrupted) and the last attempt's error.
+type InterruptedError struct {
+	Attempt int   // the attempt that had just failed, or 0 if unknown
+	Reason  error // why processing stopped
+	Last    error // the error of that attempt, if any
+}
+
+func (e *InterruptedError) Error() string {
+	msg := fmt.Sprintf("middleware: interrupted (%v)", e.Reason)
+	if e.Attempt > 0 {
+		msg += fmt.Sprintf(" after attempt %d", e.Attempt)
+	}
+	if e.Last != nil {
+		msg += fmt.Sprintf(": %v", e.Last)
+	}
+	return msg + "; the message will be requeued"
+}
+
+func (e *InterruptedError) Is(target error) bool { return target == ErrInterrupted }
+func (e *InterruptedError) Unwrap() []error {
+	if e.Last == nil {
+		return []error{e.Reason}
+	}
+	return []error{e.Reason, e.Last}
+}
+
+// RecoveryError reports that the Recoverer failed, so the message is not safely
+// anywhere else and must stay on its queue. It matches ErrRecoveryFailed and
+// unwraps to both the recoverer's error and the handler's.
+type RecoveryError struct {
+	Err   error // why the recoverer failed
+	Cause error // the handler error it was recovering
+}
+
+func (e *RecoveryError) Error() string {
+	return fmt.Sprintf("middleware: recovery failed: %v (recovering from: %v); the message will be requeued", e.Err, e.Cause)
+}
+
+func (e *RecoveryError) Is(target error) bool { return target == ErrRecoveryFailed }
+func (e *RecoveryError) Unwrap() []error      { return []error{e.Err, e.Cause} }
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}

@@ -1,0 +1,56 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Recoverer takes a delivery whose processing has failed for good and puts it
+// somewhere safe: a dead-letter exchange, a broker retry tier. Returning nil
+// promises the message is safely elsewhere, so the original may be acked;
+// returning an error means it is not, and the original is requeued.
+type Recoverer interface {
+	Recover(ctx context.Context, d *amqp.Delivery, cause error) error
+}
+
+// RecovererFunc adapts a function to Recoverer.
+type RecovererFunc func(ctx context.Context, d *amqp.Delivery, cause error) error
+
+// Recover implements Recoverer by calling f.
+func (f RecovererFunc) Recover(ctx context.Context, d *amqp.Delivery, cause error) error {
+	return f(ctx, d, cause)
+}
+
+// Recover hands a delivery whose processing failed for good to r. Inside a
+// Retry it lets failures that Retry will retry pass up and recovers only the
+// final one; outside, it recovers whatever error reaches it.
+//
+// Interruptions (ErrInterrupted, or a context that has ended) are never
+// recovered: the listener requeues them. When r fails, Recover returns a
+// *RecoveryError (ErrRecoveryFailed) and the listener requeues the message.
+// When r succeeds, Recover returns nil and the listener acks it.
+func Recover(r Recoverer) Middleware {
+	if r == nil {
+		panic("middleware: Recover expects a non-nil Recoverer")
+	}
+	return func(next Handler) Handler {
+		return func(ctx context.Context, d *amqp.Delivery) error {
+			err := next(ctx, d)
+			if err == nil || errors.Is(err, ErrInterrupted) {
+				return err
+			}
+			if cerr := ctx.Err(); cerr != nil {
+				return &InterruptedError{Attempt: Attempt(ctx), Reason: cerr, Last: err}
+			}
+			if willRetry(ctx, err) {
+				return err
+			}
+			if rerr := r.Recover(ctx, d, err); rerr != nil {
+				return &RecoveryError{Err: rerr, Cause: err}
+			}
+			return nil
+		}
+	}
+}

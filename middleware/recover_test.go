@@ -1,0 +1,175 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+func TestRecoverWithRetry(t *testing.T) {
+	errPublish := errors.New("publish not confirmed")
+	fake := middleware.WithClock
+	tests := []struct {
+		name         string
+		chain        func(r middleware.Recoverer) middleware.Middleware
+		failures     int
+		err          error
+		recoverErr   error
+		wantCalls    int
+		wantRecovers []int // Attempt(ctx) seen by each Recover call
+		wantResult   middleware.Settlement
+	}{
+		{
+			name: "retry outside: only the last attempt is recovered",
+			chain: func(r middleware.Recoverer) middleware.Middleware {
+				return middleware.Chain(middleware.Retry(3, fake(middleware.NewFakeClock())), middleware.Recover(r))
+			},
+			failures: 100, err: errBoom, wantCalls: 3, wantRecovers: []int{3}, wantResult: middleware.Ack,
+		},
+		{
+			name: "retry inside: the exhausted error is recovered once",
+			chain: func(r middleware.Recoverer) middleware.Middleware {
+				return middleware.Chain(middleware.Recover(r), middleware.Retry(3, fake(middleware.NewFakeClock())))
+			},
+			failures: 100, err: errBoom, wantCalls: 3, wantRecovers: []int{1}, wantResult: middleware.Ack,
+		},
+		{
+			name: "success after a retry is not recovered",
+			chain: func(r middleware.Recoverer) middleware.Middleware {
+				return middleware.Chain(middleware.Retry(3, fake(middleware.NewFakeClock())), middleware.Recover(r))
+			},
+			failures: 1, err: errBoom, wantCalls: 2, wantRecovers: nil, wantResult: middleware.Ack,
+		},
+		{
+			name: "permanent is recovered at once",
+			chain: func(r middleware.Recoverer) middleware.Middleware {
+				return middleware.Chain(middleware.Retry(5, fake(middleware.NewFakeClock())), middleware.Recover(r))
+			},
+			failures: 100, err: middleware.Permanent(errBoom), wantCalls: 1, wantRecovers: []int{1}, wantResult: middleware.Ack,
+		},
+		{
+			name: "non-retryable is recovered at once",
+			chain: func(r middleware.Recoverer) middleware.Middleware {
+				return middleware.Chain(middleware.Retry(5, fake(middleware.NewFakeClock()), middleware.RetryIf(func(error) bool { return false })), middleware.Recover(r))
+			},
+			failures: 100, err: errBoom, wantCalls: 1, wantRecovers: []int{1}, wantResult: middleware.Ack,
+		},
+		{
+			name:     "no retry: the first error is recovered",
+			chain:    func(r middleware.Recoverer) middleware.Middleware { return middleware.Recover(r) },
+			failures: 100, err: errBoom, wantCalls: 1, wantRecovers: []int{1}, wantResult: middleware.Ack,
+		},
+		{
+			name: "a failed recovery requeues, even of a permanent error",
+			chain: func(r middleware.Recoverer) middleware.Middleware {
+				return middleware.Chain(middleware.Retry(3, fake(middleware.NewFakeClock())), middleware.Recover(r))
+			},
+			failures: 100, err: middleware.Permanent(errBoom), recoverErr: errPublish, wantCalls: 1, wantRecovers: []int{1}, wantResult: middleware.Requeue,
+		},
+		{
+			name: "a failed recovery after exhaustion requeues and is not retried",
+			chain: func(r middleware.Recoverer) middleware.Middleware {
+				return middleware.Chain(middleware.Retry(3, fake(middleware.NewFakeClock())), middleware.Recover(r))
+			},
+			failures: 100, err: errBoom, recoverErr: errPublish, wantCalls: 3, wantRecovers: []int{3}, wantResult: middleware.Requeue,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := &failingHandler{failures: tt.failures, err: tt.err}
+			r := &recordingRecoverer{err: tt.recoverErr}
+			err := tt.chain(r)(h.Handle)(context.Background(), &amqp.Delivery{})
+			if h.Calls() != tt.wantCalls {
+				t.Errorf("handler called %d times, want %d", h.Calls(), tt.wantCalls)
+			}
+			if !slices.Equal(r.attempts, tt.wantRecovers) {
+				t.Errorf("recoverer called at attempts %v, want %v", r.attempts, tt.wantRecovers)
+			}
+			for _, cause := range r.causes {
+				if !errors.Is(cause, errBoom) {
+					t.Errorf("recoverer got cause %v, want one wrapping errBoom", cause)
+				}
+			}
+			if got := middleware.SettlementFor(err); got != tt.wantResult {
+				t.Errorf("chain returned %v, settled as %v, want %v", err, got, tt.wantResult)
+			}
+			if tt.recoverErr != nil && (!errors.Is(err, middleware.ErrRecoveryFailed) || !errors.Is(err, tt.recoverErr)) {
+				t.Errorf("err = %v, want ErrRecoveryFailed wrapping the recoverer's error", err)
+			}
+		})
+	}
+}
+
+func TestRecoverGetsExhaustedErrorFromInnerRetry(t *testing.T) {
+	r := &recordingRecoverer{}
+	h := &failingHandler{failures: 100, err: errBoom}
+	_ = middleware.Chain(middleware.Recover(r), middleware.Retry(4, middleware.WithClock(middleware.NewFakeClock())))(h.Handle)(context.Background(), &amqp.Delivery{})
+	var ex *middleware.RetriesExhaustedError
+	if r.Calls() != 1 || !errors.As(r.causes[0], &ex) || ex.Attempts != 4 {
+		t.Fatalf("recoverer causes = %v, want one RetriesExhaustedError with 4 attempts", r.causes)
+	}
+}
+
+func TestRecoverNeverRecoversInterruptions(t *testing.T) {
+	t.Run("context cancelled during a wait", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		r := &recordingRecoverer{}
+		h := &failingHandler{failures: 100, err: errBoom}
+		chain := middleware.Chain(
+			middleware.Recover(r), // outside too: it must not recover Retry's interruption
+			middleware.Retry(5, middleware.WithInitialInterval(time.Hour), middleware.WithMaxInterval(time.Hour)),
+			middleware.Recover(r),
+		)
+		done := make(chan error, 1)
+		go func() { done <- chain(h.Handle)(ctx, &amqp.Delivery{}) }()
+		time.Sleep(20 * time.Millisecond)
+		cancel()
+		err := <-done
+		if r.Calls() != 0 || middleware.SettlementFor(err) != middleware.Requeue || !errors.Is(err, middleware.ErrInterrupted) {
+			t.Fatalf("err = %v, %d recoveries; want an interruption, requeued, never recovered", err, r.Calls())
+		}
+	})
+	t.Run("interrupt during a wait", func(t *testing.T) {
+		interrupt := make(chan struct{})
+		r := &recordingRecoverer{}
+		h := &failingHandler{failures: 100, err: errBoom}
+		chain := middleware.Chain(middleware.Recover(r), middleware.Retry(5, middleware.WithInitialInterval(time.Hour), middleware.WithMaxInterval(time.Hour)), middleware.Recover(r))
+		done := make(chan error, 1)
+		go func() {
+			done <- chain(h.Handle)(middleware.WithInterrupt(context.Background(), interrupt), &amqp.Delivery{})
+		}()
+		time.Sleep(20 * time.Millisecond)
+		close(interrupt)
+		if err := <-done; r.Calls() != 0 || !errors.Is(err, middleware.ErrInterrupted) {
+			t.Fatalf("err = %v, %d recoveries; want an interruption, never recovered", err, r.Calls())
+		}
+	})
+	t.Run("last attempt fails because the context ended", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		r := &recordingRecoverer{}
+		h := func(ctx context.Context, _ *amqp.Delivery) error { cancel(); return ctx.Err() }
+		err := middleware.Recover(r)(h)(ctx, &amqp.Delivery{})
+		if r.Calls() != 0 || !errors.Is(err, middleware.ErrInterrupted) {
+			t.Fatalf("err = %v, %d recoveries; want an interruption, never recovered", err, r.Calls())
+		}
+	})
+}
+
+func TestRecoverNilPanics(t *testing.T) {
+	defer expectPanic(t, "middleware: Recover expects a non-nil Recoverer")
+	middleware.Recover(nil)
+}
+
+func TestRecovererFunc(t *testing.T) {
+	var got error
+	r := middleware.RecovererFunc(func(_ context.Context, _ *amqp.Delivery, cause error) error { got = cause; return nil })
+	if err := middleware.Recover(r)(func(context.Context, *amqp.Delivery) error { return errBoom })(context.Background(), &amqp.Delivery{}); err != nil || got != errBoom {
+		t.Fatalf("err = %v, recovered %v", err, got)
+	}
+}

@@ -1,0 +1,365 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Default backoff of Retry: 1s, 2s, 4s, 8s, then 10s between attempts.
+const (
+	DefaultInitialInterval = time.Second
+	DefaultMultiplier      = 2.0
+	DefaultMaxInterval     = 10 * time.Second
+)
+
+// RetryEvent describes a failed attempt that Retry is about to retry.
+type RetryEvent struct {
+	Delivery *amqp.Delivery
+	Attempt  int           // the attempt that failed, 1-based
+	Err      error         // its error
+	Delay    time.Duration // the wait before attempt Attempt+1
+}
+
+// RetryOption configures Retry. Options are applied to a copy of the defaults;
+// an invalid value makes Retry panic with the option's name and the value.
+type RetryOption func(*retryPolicy)
+
+// WithInitialInterval sets the wait after the first failed attempt (Spring's
+// initialInterval). Default 1s.
+func WithInitialInterval(d time.Duration) RetryOption {
+	return func(p *retryPolicy) { p.initial = d }
+}
+
+// WithMultiplier sets the factor by which each wait grows (Spring's
+// multiplier); 1 gives a constant wait. Default 2.
+func WithMultiplier(m float64) RetryOption {
+	return func(p *retryPolicy) { p.multiplier = m }
+}
+
+// WithMaxInterval caps a single wait (Spring's maxInterval). Default 10s.
+func WithMaxInterval(d time.Duration) RetryOption {
+	return func(p *retryPolicy) { p.maxInterval = d }
+}
+
+// WithJitter randomises each wait by ±factor (0 ≤ factor ≤ 1) so that many
+// consumers failing together do not retry in lockstep. Default 0.
+func WithJitter(factor float64) RetryOption {
+	return func(p *retryPolicy) { p.jitter = factor }
+}
+
+// WithMaxElapsedTime bounds the time from the first attempt's start: Retry
+// does not begin a wait that would end after it. Default 0, no limit (unlike
+// backoff/v4, whose default of 15 minutes would silently cap long policies).
+func WithMaxElapsedTime(d time.Duration) RetryOption {
+	return func(p *retryPolicy) { p.maxElapsed = d }
+}
+
+// RetryIf retries only errors for which retryable returns true; the others are
+// returned at once, unchanged (and recovered by Recover). Permanent errors are
+// never retried, whatever retryable says.
+func RetryIf(retryable func(error) bool) RetryOption {
+	return func(p *retryPolicy) {
+		if retryable == nil {
+			panic("middleware: RetryIf expects a non-nil function")
+		}
+		p.retryIf = retryable
+	}
+}
+
+// OnRetry calls hook after a failed attempt, before Retry waits for the next
+// one. It runs on the delivery's goroutine: keep it quick.
+func OnRetry(hook func(ctx context.Context, e RetryEvent)) RetryOption {
+	return func(p *retryPolicy) {
+		if hook == nil {
+			panic("middleware: OnRetry expects a non-nil function")
+		}
+		p.onRetry = hook
+	}
+}
+
+// Retry calls next up to maxAttempts times, the first call included (Spring's
+// maxAttempts), waiting with exponential backoff between attempts. Retry(5)
+// waits 1s, 2s, 4s and 8s.
+//
+// It stops early when an error is Permanent, when RetryIf says no, when the
+// time limit would be passed, or when the wait is interrupted. When attempts
+// run out it returns a *RetriesExhaustedError (ErrRetriesExhausted) that
+// unwraps to the last error; when the context ends or the interrupt channel
+// (WithInterrupt) closes, an *InterruptedError (ErrInterrupted), which the
+// listener requeues. Each delivery gets its own attempt counter and backoff
+// state; the returned Middleware is safe to share.
+//
+// Retry panics if maxAttempts < 1 or an option is invalid.
+func Retry(maxAttempts int, opts ...RetryOption) Middleware {
+	if maxAttempts < 1 {
+		panic(fmt.Sprintf("middleware: Retry expects maxAttempts >= 1, got %d", maxAttempts))
+	}
+	p := &retryPolicy{
+		maxAttempts: maxAttempts,
+		initial:     DefaultInitialInterval,
+		multiplier:  DefaultMultiplier,
+		maxInterval: DefaultMaxInterval,
+		clock:       systemClock{},
+	}
+	for _, opt := range opts {
+		opt(p)
+	}
+	if err := p.validate(); err != nil {
+		panic(err.Error())
+	}
+	return func(next Handler) Handler {
+		return func(ctx context.Context, d *amqp.Delivery) error {
+			return p.run(ctx, d, next)
+		}
+	}
+}
+
+// Attempt returns the 1-based number of the attempt in progress, as counted by
+// the nearest enclosing Retry; 1 when there is none.
+func Attempt(ctx context.Context) int {
+	if ac, ok := ctx.Value(attemptKey).(*attemptContext); ok {
+		return ac.attempt
+	}
+	return 1
+}
+
+// WithInterrupt returns a context under which Retry stops waiting as soon as
+// interrupt is closed, returning an *InterruptedError, while handlers that are
+// running keep ctx and may finish. The listener uses it for graceful shutdown:
+// deliveries in backoff are requeued at once, running handlers get a grace
+// period.
+func WithInterrupt(ctx context.Context, interrupt <-chan struct{}) context.Context {
+	return context.WithValue(ctx, interruptKey, interrupt)
+}
+
+// errInterruptSignalled is the Reason of an InterruptedError caused by the
+// channel given to WithInterrupt.
+var errInterruptSignalled = errors.New("interrupt signalled, shutting down")
+
+type ctxKey int
+
+const (
+	attemptKey ctxKey = iota
+	interruptKey
+	probeKey
+)
+
+type retryPolicy struct {
+	maxAttempts int
+	initial     time.Duration
+	multiplier  float64
+	maxInterval time.Duration
+	jitter      float64
+	maxElapsed  time.Duration
+	retryIf     func(error) bool
+	onRetry     func(context.Context, RetryEvent)
+	clock       clock
+}
+
+func (p *retryPolicy) validate() error {
+	switch {
+	case p.initial <= 0:
+		return fmt.Errorf("middleware: WithInitialInterval expects a duration > 0, got %v", p.initial)
+	case math.IsNaN(p.multiplier) || math.IsInf(p.multiplier, 0) || p.multiplier < 1:
+		return fmt.Errorf("middleware: WithMultiplier expects a finite factor >= 1, got %v", p.multiplier)
+	case p.maxInterval < p.initial:
+		return fmt.Errorf("middleware: WithMaxInterval expects a duration >= the initial interval %v, got %v", p.initial, p.maxInterval)
+	case math.IsNaN(p.jitter) || p.jitter < 0 || p.jitter > 1:
+		return fmt.Errorf("middleware: WithJitter expects a factor between 0 and 1, got %v", p.jitter)
+	case p.maxElapsed < 0:
+		return fmt.Errorf("middleware: WithMaxElapsedTime expects a duration >= 0 (0 means no limit), got %v", p.maxElapsed)
+	}
+	return nil
+}
+
+func (p *retryPolicy) run(ctx context.Context, d *amqp.Delivery, next Handler) error {
+	if d == probeDelivery {
+		if pr, ok := ctx.Value(probeKey).(*probe); ok {
+			return p.runProbe(ctx, pr, d, next)
+		}
+	}
+	ex := &execution{policy: p}
+	if p.maxElapsed > 0 {
+		ex.start = p.clock.Now()
+	}
+	ex.first = attemptContext{Context: ctx, exec: ex, attempt: 1}
+	actx := &ex.first
+	for {
+		err := next(actx, d)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, ErrInterrupted) {
+			return err
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return &InterruptedError{Attempt: actx.attempt, Reason: cerr, Last: err}
+		}
+		dec := ex.decide(actx.attempt, err)
+		if !dec.retry {
+			return dec.finalError(actx.attempt, err)
+		}
+		if p.onRetry != nil {
+			p.onRetry(ctx, RetryEvent{Delivery: d, Attempt: actx.attempt, Err: err, Delay: dec.delay})
+		}
+		if werr := p.clock.Wait(ctx, interruptFrom(ctx), dec.delay); werr != nil {
+			return &InterruptedError{Attempt: actx.attempt, Reason: werr, Last: err}
+		}
+		actx = &attemptContext{Context: ctx, exec: ex, attempt: actx.attempt + 1}
+	}
+}
+
+func interruptFrom(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(interruptKey).(<-chan struct{})
+	return ch // a nil channel never fires in a select
+}
+
+// attemptContext carries the attempt number and the delivery's execution to
+// the middlewares and handler below Retry. One struct instead of
+// context.WithValue keeps the success path to a single allocation.
+type attemptContext struct {
+	context.Context
+	exec    *execution
+	attempt int
+}
+
+func (c *attemptContext) Value(key any) any {
+	if key == attemptKey {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+// execution is one delivery's pass through a Retry: it is never shared between
+// deliveries, so its backoff state needs no lock.
+type execution struct {
+	policy     *retryPolicy
+	first      attemptContext
+	start      time.Time
+	backoff    *backoff.ExponentialBackOff // created on the first failure
+	decidedFor int                         // the attempt whose decision is cached
+	decision   decision
+}
+
+type stopReason uint8
+
+const (
+	keepRetrying stopReason = iota
+	stopPermanent
+	stopNotRetryable
+	stopAttempts
+	stopTimeLimit
+)
+
+type decision struct {
+	retry bool
+	delay time.Duration
+	stop  stopReason
+}
+
+func (d decision) finalError(attempt int, err error) error {
+	switch d.stop {
+	case stopAttempts:
+		return &RetriesExhaustedError{Attempts: attempt, Last: err}
+	case stopTimeLimit:
+		return &RetriesExhaustedError{Attempts: attempt, Last: err, TimeLimited: true}
+	default: // permanent or not retryable: the caller's error, unchanged
+		return err
+	}
+}
+
+// decide says whether the given failed attempt will be retried, and after
+// which delay. The decision is made once per attempt and cached, so that
+// Recover (asking from inside the chain) and Retry (acting on it) agree even
+// with jitter.
+func (ex *execution) decide(attempt int, err error) decision {
+	if ex.decidedFor == attempt {
+		return ex.decision
+	}
+	p := ex.policy
+	var dec decision
+	switch {
+	case IsPermanent(err):
+		dec.stop = stopPermanent
+	case p.retryIf != nil && !p.retryIf(err):
+		dec.stop = stopNotRetryable
+	case attempt >= p.maxAttempts:
+		dec.stop = stopAttempts
+	default:
+		delay := ex.nextDelay()
+		if p.maxElapsed > 0 && p.clock.Now().Sub(ex.start)+delay > p.maxElapsed {
+			dec.stop = stopTimeLimit
+		} else {
+			dec.retry, dec.delay = true, delay
+		}
+	}
+	ex.decidedFor, ex.decision = attempt, dec
+	return dec
+}
+
+func (ex *execution) nextDelay() time.Duration {
+	if ex.backoff == nil {
+		p := ex.policy
+		ex.backoff = &backoff.ExponentialBackOff{
+			InitialInterval:     p.initial,
+			RandomizationFactor: p.jitter,
+			Multiplier:          p.multiplier,
+			MaxInterval:         p.maxInterval,
+			MaxElapsedTime:      0, // we enforce our own limit; backoff/v4 would stop at 15 minutes
+			Stop:                backoff.Stop,
+			Clock:               p.clock,
+		}
+		ex.backoff.Reset()
+	}
+	return ex.backoff.NextBackOff()
+}
+
+// willRetry reports whether the Retry enclosing ctx will retry err after the
+// current attempt. Recover uses it to leave retryable failures to Retry.
+func willRetry(ctx context.Context, err error) bool {
+	ac, ok := ctx.Value(attemptKey).(*attemptContext)
+	if !ok {
+		return false
+	}
+	return ac.exec.decide(ac.attempt, err).retry
+}
+
+// clock is time as Retry sees it; tests substitute a fake one.
+type clock interface {
+	Now() time.Time
+	// Wait blocks for d, returning early with the reason when ctx ends or
+	// interrupt closes.
+	Wait(ctx context.Context, interrupt <-chan struct{}, d time.Duration) error
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) Wait(ctx context.Context, interrupt <-chan struct{}, d time.Duration) error {
+	// An interrupt or cancellation that has already happened wins over a
+	// timer that is also ready.
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-interrupt:
+		return errInterruptSignalled
+	default:
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-interrupt:
+		return errInterruptSignalled
+	}
+}

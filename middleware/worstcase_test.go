@@ -1,0 +1,50 @@
+package middleware_test
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+func TestWorstCaseWait(t *testing.T) {
+	s := time.Second
+	r := &recordingRecoverer{}
+	hooked := 0
+	hook := middleware.OnRetry(func(context.Context, middleware.RetryEvent) { hooked++ })
+	shortCircuit := func(middleware.Handler) middleware.Handler {
+		return func(context.Context, *amqp.Delivery) error { return nil }
+	}
+	tests := []struct {
+		name string
+		mw   middleware.Middleware
+		want time.Duration
+	}{
+		{"nil", nil, 0},
+		{"empty chain", middleware.Chain(), 0},
+		{"one attempt", middleware.Retry(1), 0},
+		{"Retry(5) = 1+2+4+8", middleware.Retry(5, hook), 15 * s},
+		{"capped at 10s", middleware.Retry(7), 35 * s},
+		{"recover inside", middleware.Chain(middleware.Retry(5), middleware.Recover(r)), 15 * s},
+		{"recover outside", middleware.Chain(middleware.Recover(r), middleware.Retry(5)), 15 * s},
+		{"jitter counts at its largest", middleware.Retry(3, middleware.WithJitter(0.5)), 4500 * time.Millisecond},
+		{"bounded by the elapsed limit", middleware.Retry(100, middleware.WithMaxElapsedTime(time.Minute)), time.Minute},
+		{"nested retries multiply", middleware.Chain(middleware.Retry(2), middleware.Retry(3)), 1*s + 2*3*s},
+		{"huge policies saturate", middleware.Retry(math.MaxInt, middleware.WithMaxInterval(time.Duration(math.MaxInt64/2))), math.MaxInt64},
+		{"a middleware that never calls next hides the retries", middleware.Chain(shortCircuit, middleware.Retry(5)), 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := middleware.WorstCaseWait(tt.mw); got != tt.want {
+				t.Errorf("WorstCaseWait = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	if r.Calls() != 0 || hooked != 0 {
+		t.Errorf("the probe recovered %d and hooked %d times, want neither", r.Calls(), hooked)
+	}
+}
