@@ -1,0 +1,63 @@
+package amqpurl
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Default is the broker the project's scripts and tests use when $AMQP_URL is
+// not set.
+const Default = "amqp://guest:guest@127.0.0.1:5672/"
+
+const mask = "xxxxx"
+
+// Redact replaces the password in an AMQP URL with xxxxx. It works on the raw
+// text, so it also hides the password of a URL that does not parse: a
+// password may hold any unescaped character ("/", "@", "#", "?"), so
+// everything from the first ":" after the scheme to the last "@" is hidden.
+// When a query value also holds an "@" that hides more than the password,
+// which is the safe side to err on.
+func Redact(raw string) string {
+	start := 0
+	if i := strings.Index(raw, "://"); i >= 0 {
+		start = i + len("://")
+	}
+	rest := raw[start:]
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return raw
+	}
+	colon := strings.Index(rest[:at], ":")
+	if colon < 0 {
+		return raw // a user name without a password
+	}
+	return raw[:start+colon+1] + mask + raw[start+at:]
+}
+
+// Parse parses an amqp:// or amqps:// URL. Its errors never contain the
+// password.
+func Parse(raw string) (amqp.URI, error) {
+	uri, err := amqp.ParseURI(raw)
+	if err != nil {
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err // url.Error repeats the whole URL, password included
+		}
+		return amqp.URI{}, fmt.Errorf("invalid AMQP URL %q: %v (want amqp://user:password@host:port/vhost or amqps://...)", Redact(raw), err)
+	}
+	return uri, nil
+}
+
+// IsLoopback reports whether the URL's host is this machine, where a missing
+// broker can be started.
+func IsLoopback(uri amqp.URI) bool {
+	switch uri.Host {
+	case "localhost", "127.0.0.1", "::1":
+		return true
+	}
+	return strings.HasPrefix(uri.Host, "127.")
+}

@@ -1,0 +1,210 @@
+package brokertest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/amqpurl"
+)
+
+// RequireEnv is the variable that turns a missing broker into a failure.
+const RequireEnv = "AMQPRETRY_REQUIRE_BROKER"
+
+// URL is $AMQP_URL, or the local broker.
+func URL() string {
+	if u := os.Getenv("AMQP_URL"); u != "" {
+		return u
+	}
+	return amqpurl.Default
+}
+
+// Required reports whether tests must fail rather than skip without a broker.
+func Required() bool { return os.Getenv(RequireEnv) == "1" }
+
+// Dial connects to the broker and closes the connection when the test ends.
+// Without a broker it fails the test under make test and skips it otherwise.
+func Dial(t testing.TB) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.DialConfig(URL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	if err != nil {
+		msg := fmt.Sprintf("no RabbitMQ broker at %s: %v (run scripts/broker.sh to start one)", amqpurl.Redact(URL()), err)
+		if Required() {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// Channel opens a channel on conn, closed when the test ends.
+func Channel(t testing.TB, conn *amqp.Connection) *amqp.Channel {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("open channel: %v", err)
+	}
+	t.Cleanup(func() { _ = ch.Close() })
+	return ch
+}
+
+var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9_.-]+`)
+
+// Name returns a name unique to this test run, for queues and exchanges, so
+// that tests running in parallel, or left over from a crashed run, never meet.
+func Name(t testing.TB, suffix string) string {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := unsafeChars.ReplaceAllString(t.Name(), "_")
+	if len(name) > 80 {
+		name = name[len(name)-80:]
+	}
+	if suffix != "" {
+		suffix = "." + suffix
+	}
+	return "amqpretry-test." + name + "." + hex.EncodeToString(b[:]) + suffix
+}
+
+// Queue declares a durable classic queue with the given arguments and deletes
+// it when the test ends, on a connection of its own so that the cleanup works
+// even when the test's channels have been closed by the broker.
+func Queue(t testing.TB, name string, args amqp.Table) {
+	t.Helper()
+	ch := Channel(t, Dial(t))
+	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
+		t.Fatalf("declare queue %s: %v", name, err)
+	}
+	t.Cleanup(func() { DeleteQueue(t, name) })
+}
+
+// Exchange declares a durable exchange and deletes it when the test ends.
+func Exchange(t testing.TB, name, kind string) {
+	t.Helper()
+	ch := Channel(t, Dial(t))
+	if err := ch.ExchangeDeclare(name, kind, true, false, false, false, nil); err != nil {
+		t.Fatalf("declare exchange %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(URL())
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		if ch, err := conn.Channel(); err == nil {
+			_ = ch.ExchangeDelete(name, false, false)
+		}
+	})
+}
+
+// Bind binds queue to exchange with key.
+func Bind(t testing.TB, queue, exchange, key string) {
+	t.Helper()
+	ch := Channel(t, Dial(t))
+	if err := ch.QueueBind(queue, key, exchange, false, nil); err != nil {
+		t.Fatalf("bind %s to %s with %q: %v", queue, exchange, key, err)
+	}
+}
+
+// DeleteQueue deletes a queue on a fresh connection, ignoring a missing one.
+func DeleteQueue(t testing.TB, name string) {
+	conn, err := amqp.Dial(URL())
+	if err != nil {
+		t.Logf("cleanup: cannot delete queue %s: %v", name, err)
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	_, _ = ch.QueueDelete(name, false, false, false)
+}
+
+// Depth returns the number of ready messages in a queue.
+func Depth(t testing.TB, name string) int {
+	t.Helper()
+	ch := Channel(t, Dial(t))
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("inspect queue %s: %v", name, err)
+	}
+	return q.Messages
+}
+
+// Get takes one message from a queue and acks it; ok is false when the queue
+// is empty.
+func Get(t testing.TB, ch *amqp.Channel, queue string) (amqp.Delivery, bool) {
+	t.Helper()
+	d, ok, err := ch.Get(queue, false)
+	if err != nil {
+		t.Fatalf("get from %s: %v", queue, err)
+	}
+	if ok {
+		if err := d.Ack(false); err != nil {
+			t.Fatalf("ack get from %s: %v", queue, err)
+		}
+	}
+	return d, ok
+}
+
+// Publish publishes body to the default exchange, routed to queue, and waits
+// for the broker's confirm.
+func Publish(t testing.TB, queue string, msgs ...amqp.Publishing) {
+	t.Helper()
+	ch := Channel(t, Dial(t))
+	if err := ch.Confirm(false); err != nil {
+		t.Fatalf("confirm mode: %v", err)
+	}
+	for _, m := range msgs {
+		conf, err := ch.PublishWithDeferredConfirm("", queue, true, false, m)
+		if err != nil {
+			t.Fatalf("publish to %s: %v", queue, err)
+		}
+		if ok := conf.Wait(); !ok {
+			t.Fatalf("publish to %s: nacked", queue)
+		}
+	}
+}
+
+// Eventually polls cond every 20ms until it holds or timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Rabbitmqctl runs rabbitmqctl on the local node and returns its output.
+func Rabbitmqctl(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// Consumers returns how many consumers the broker counts on a queue.
+func Consumers(t testing.TB, queue string) int {
+	t.Helper()
+	ch := Channel(t, Dial(t))
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("inspect queue %s: %v", queue, err)
+	}
+	return q.Consumers
+}
