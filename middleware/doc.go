@@ -27,6 +27,7 @@
 //
 //	nil                                   → ack
 //	ErrInterrupted (shutdown, lost link)  → requeue, never recovered
+//	ErrReject (from recoverer.Reject)     → reject without requeue (the queue's own DLX)
 //	ErrRecoveryFailed (recoverer failed)  → requeue: the message is not safe elsewhere
 //	Permanent                             → reject without requeue (the queue's own DLX)
 //	anything else (ErrRetriesExhausted …) → requeue

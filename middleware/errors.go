@@ -22,6 +22,11 @@ var (
 	// ErrRecoveryFailed: the Recoverer could not put the message somewhere safe,
 	// so it must stay on its queue. See RecoveryError.
 	ErrRecoveryFailed = errors.New("middleware: recovery failed")
+
+	// ErrReject is returned by a Recoverer (recoverer.Reject) that wants the
+	// message rejected without requeue, so that the queue's own dead-letter
+	// exchange takes it. A queue without one drops it.
+	ErrReject = errors.New("middleware: reject without requeue")
 )
 
 // PermanentError marks an error that retrying cannot fix.

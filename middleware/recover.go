@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -30,7 +31,9 @@ func (f RecovererFunc) Recover(ctx context.Context, d *amqp.Delivery, cause erro
 // Interruptions (ErrInterrupted, or a context that has ended) are never
 // recovered: the listener requeues them. When r fails, Recover returns a
 // *RecoveryError (ErrRecoveryFailed) and the listener requeues the message.
-// When r succeeds, Recover returns nil and the listener acks it.
+// When r returns an error matching ErrReject, the listener rejects the
+// message without requeue. When r succeeds, Recover returns nil and the
+// listener acks it.
 func Recover(r Recoverer) Middleware {
 	if r == nil {
 		panic("middleware: Recover expects a non-nil Recoverer")
@@ -48,9 +51,24 @@ func Recover(r Recoverer) Middleware {
 				return err
 			}
 			if rerr := r.Recover(ctx, d, err); rerr != nil {
+				if errors.Is(rerr, ErrReject) {
+					return fmt.Errorf("%w; handler error: %w", rerr, err)
+				}
 				return &RecoveryError{Err: rerr, Cause: err}
 			}
 			return nil
 		}
 	}
+}
+
+// WithQueue records the queue a delivery came from; amqp.Delivery does not
+// carry it. The listener sets it, and recoverers write it into fault headers.
+func WithQueue(ctx context.Context, queue string) context.Context {
+	return context.WithValue(ctx, queueKey, queue)
+}
+
+// Queue returns the queue recorded by WithQueue, or "".
+func Queue(ctx context.Context) string {
+	q, _ := ctx.Value(queueKey).(string)
+	return q
 }

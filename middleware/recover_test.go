@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -159,6 +160,26 @@ func TestRecoverNeverRecoversInterruptions(t *testing.T) {
 			t.Fatalf("err = %v, %d recoveries; want an interruption, never recovered", err, r.Calls())
 		}
 	})
+}
+
+func TestRecovererAsksToReject(t *testing.T) {
+	r := middleware.RecovererFunc(func(context.Context, *amqp.Delivery, error) error {
+		return fmt.Errorf("queue has a DLX: %w", middleware.ErrReject)
+	})
+	h := &failingHandler{failures: 100, err: errBoom}
+	err := middleware.Chain(middleware.Retry(2, middleware.WithClock(middleware.NewFakeClock())), middleware.Recover(r))(h.Handle)(context.Background(), &amqp.Delivery{})
+	if middleware.SettlementFor(err) != middleware.Reject || !errors.Is(err, errBoom) || errors.Is(err, middleware.ErrRecoveryFailed) {
+		t.Fatalf("err = %v, want a rejection that still shows the handler error", err)
+	}
+}
+
+func TestQueueInContext(t *testing.T) {
+	if q := middleware.Queue(context.Background()); q != "" {
+		t.Errorf("Queue without WithQueue = %q", q)
+	}
+	if q := middleware.Queue(middleware.WithQueue(context.Background(), "orders")); q != "orders" {
+		t.Errorf("Queue = %q, want orders", q)
+	}
 }
 
 func TestRecoverNilPanics(t *testing.T) {

@@ -148,6 +148,7 @@ const (
 	attemptKey ctxKey = iota
 	interruptKey
 	probeKey
+	queueKey
 )
 
 type retryPolicy struct {

@@ -46,6 +46,8 @@ func TestSettle(t *testing.T) {
 		{"wrapped permanent", fmt.Errorf("x: %w", middleware.Permanent(errBoom)), middleware.Reject, "reject(7, requeue=false)"},
 		{"panic", &middleware.PanicError{Value: "x"}, middleware.Requeue, "reject(7, requeue=true)"},
 		{"interrupted", &middleware.InterruptedError{Reason: context.Canceled, Last: middleware.Permanent(errBoom)}, middleware.Requeue, "reject(7, requeue=true)"},
+		{"recoverer asked to reject", fmt.Errorf("%w; handler error: %w", middleware.ErrReject, errBoom), middleware.Reject, "reject(7, requeue=false)"},
+		{"interrupted beats reject", &middleware.InterruptedError{Reason: context.Canceled, Last: middleware.ErrReject}, middleware.Requeue, "reject(7, requeue=true)"},
 		{"recovery failed", &middleware.RecoveryError{Err: errors.New("nacked"), Cause: middleware.Permanent(errBoom)}, middleware.Requeue, "reject(7, requeue=true)"},
 	}
 	for _, tt := range tests {
