@@ -208,3 +208,22 @@ func Consumers(t testing.TB, queue string) int {
 	}
 	return q.Consumers
 }
+
+// CloseConnections closes, from the broker's side, every connection whose
+// client-provided connection_name contains name, as an operator or a broker
+// restart would (320 CONNECTION_FORCED). It returns how many it closed.
+func CloseConnections(t testing.TB, name string) int {
+	t.Helper()
+	out := Rabbitmqctl(t, "list_connections", "pid", "client_properties")
+	closed := 0
+	for _, line := range strings.Split(out, "\n") {
+		pid, props, ok := strings.Cut(line, "\t")
+		if !ok || !strings.Contains(props, `{"connection_name","`) || !strings.Contains(props, name) {
+			continue
+		}
+		if _, err := exec.Command("rabbitmqctl", "-q", "close_connection", pid, "closed by a test").CombinedOutput(); err == nil {
+			closed++
+		}
+	}
+	return closed
+}

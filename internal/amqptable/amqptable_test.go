@@ -1,0 +1,120 @@
+package amqptable_test
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
+
+	"github.com/amqpretry/amqpretry/internal/amqptable"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestNormalizeWidensInts(t *testing.T) {
+	in := amqp.Table{
+		"big":    1 << 40,
+		"small":  7,
+		"uint":   uint(3),
+		"nested": amqp.Table{"n": 1 << 33},
+		"map":    map[string]any{"m": 5},
+		"array":  []any{"a", 1 << 35},
+		"keep":   int32(9),
+		"s":      "x",
+	}
+	out, err := amqptable.Normalize(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := map[string]any{
+		"big": int64(1 << 40), "small": int64(7), "uint": int64(3), "keep": int32(9), "s": "x",
+	}
+	for k, want := range checks {
+		if out[k] != want {
+			t.Errorf("%s = %#v, want %#v", k, out[k], want)
+		}
+	}
+	if got := out["nested"].(amqp.Table)["n"]; got != int64(1<<33) {
+		t.Errorf("nested = %#v", got)
+	}
+	if got := out["map"].(amqp.Table)["m"]; got != int64(5) {
+		t.Errorf("map = %#v", got)
+	}
+	if got := out["array"].([]any)[1]; got != int64(1<<35) {
+		t.Errorf("array = %#v", got)
+	}
+	if in["big"] != 1<<40 || in["nested"].(amqp.Table)["n"] != 1<<33 {
+		t.Error("Normalize modified its argument")
+	}
+}
+
+func TestNormalizeLeavesCleanTablesAlone(t *testing.T) {
+	in := amqp.Table{"a": "b", "n": int64(1), "t": amqp.Table{"x": true}}
+	out, err := amqptable.Normalize(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in["probe"] = 1 // same map: the write shows through
+	if _, ok := out["probe"]; !ok {
+		t.Error("a table that needs no change must be returned without copying")
+	}
+}
+
+func TestNormalizeRejects(t *testing.T) {
+	for name, table := range map[string]amqp.Table{
+		"unsupported type": {"f": struct{}{}},
+		"uint64 overflow":  {"u": uint64(math.MaxUint64)},
+		"nested bad":       {"t": amqp.Table{"s": []string{"a"}}},
+	} {
+		if _, err := amqptable.Normalize(table); err == nil {
+			t.Errorf("%s: Normalize accepted %v", name, table)
+		}
+	}
+}
+
+// Sizes from the AMQP 0-9-1 field-table grammar: a key is a short string
+// (1 length byte), a value is a type tag plus its payload.
+func TestSize(t *testing.T) {
+	tests := []struct {
+		name  string
+		value any
+		want  int // field size: tag + payload
+	}{
+		{"nil", nil, 1},
+		{"bool", true, 2},
+		{"byte", byte(1), 2},
+		{"int8", int8(-1), 2},
+		{"int16", int16(2), 3},
+		{"uint16", uint16(3), 3},
+		{"int32", int32(4), 5},
+		{"uint32", uint32(5), 5},
+		{"float32", float32(1.5), 5},
+		{"int64", int64(6), 9},
+		{"float64", 2.5, 9},
+		{"time", time.Unix(1700000000, 0), 9},
+		{"decimal", amqp.Decimal{Scale: 2, Value: 12345}, 6},
+		{"string counts bytes, not runes", "héllo", 5 + 6},
+		{"bytes", []byte{1, 2, 3}, 5 + 3},
+		{"empty table", amqp.Table{}, 1 + 4},
+		{"table", amqp.Table{"k": "v"}, 1 + 4 + (1 + 1) + (5 + 1)},
+		{"array", []any{"a", int64(1), []any{true}}, 5 + (5 + 1) + 9 + (5 + 2)},
+		{"unsupported counts as nothing", struct{}{}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := amqptable.FieldSize(tt.value); got != tt.want {
+				t.Errorf("FieldSize = %d, want %d", got, tt.want)
+			}
+			table := amqp.Table{"key": tt.value}
+			if got, want := amqptable.Size(table), 4+(1+3)+tt.want; got != want {
+				t.Errorf("Size = %d, want %d", got, want)
+			}
+		})
+	}
+	if got := amqptable.Size(amqp.Table{"long": strings.Repeat("é", 5000)}); got != 4+5+5+10000 {
+		t.Errorf("Size of a 10000-byte string = %d", got)
+	}
+}

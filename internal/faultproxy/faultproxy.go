@@ -1,0 +1,146 @@
+package faultproxy
+
+import (
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Proxy forwards TCP connections to a target address.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	refuse    atomic.Bool
+	blackhole atomic.Bool
+	latency   atomic.Int64 // nanoseconds added before each forwarded write
+	accepted  atomic.Int64
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+
+	wg sync.WaitGroup
+}
+
+// Start listens on a free loopback port and forwards to target (host:port).
+func Start(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the proxy's host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// URL returns amqpURL with its host and port replaced by the proxy's.
+func (p *Proxy) URL(amqpURL string) (string, error) {
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		return "", err
+	}
+	u.Host = p.Addr()
+	return u.String(), nil
+}
+
+// Accepted counts the connections accepted so far, refused ones included.
+func (p *Proxy) Accepted() int { return int(p.accepted.Load()) }
+
+// CutAll closes every open connection, as a crashed broker or a reset
+// network would.
+func (p *Proxy) CutAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+// Refuse makes new connections close at once (true) or go through (false).
+func (p *Proxy) Refuse(on bool) { p.refuse.Store(on) }
+
+// Blackhole drops all traffic in both directions without closing anything
+// (true), as a broker that hangs or a partitioned network would.
+func (p *Proxy) Blackhole(on bool) { p.blackhole.Store(on) }
+
+// SetLatency delays every forwarded chunk by d.
+func (p *Proxy) SetLatency(d time.Duration) { p.latency.Store(int64(d)) }
+
+// Close stops listening, cuts every connection and waits for the proxy's
+// goroutines to end.
+func (p *Proxy) Close() {
+	_ = p.ln.Close()
+	p.CutAll()
+	p.wg.Wait()
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		p.accepted.Add(1)
+		if p.refuse.Load() {
+			_ = client.Close()
+			continue
+		}
+		server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		p.track(client, server)
+		p.wg.Add(2)
+		go p.pipe(server, client)
+		go p.pipe(client, server)
+	}
+}
+
+func (p *Proxy) track(conns ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range conns {
+		p.conns[c] = struct{}{}
+	}
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.conns, c)
+}
+
+// pipe copies src to dst until either side closes, then closes both so the
+// other direction ends too.
+func (p *Proxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	defer func() {
+		_ = src.Close()
+		_ = dst.Close()
+		p.untrack(src)
+		p.untrack(dst)
+	}()
+	buf := make([]byte, 32*1024)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.blackhole.Load() {
+			if d := time.Duration(p.latency.Load()); d > 0 {
+				time.Sleep(d)
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return // EOF, or the other side closed
+		}
+	}
+}
