@@ -1,0 +1,21 @@
+// Package publisher publishes to RabbitMQ and returns only once the broker has
+// confirmed the message: create one Publisher per process with New and call
+// Publish from as many goroutines as you like.
+//
+// A Publisher owns its own connection (RabbitMQ advises separate connections
+// for publishing and consuming, so that flow control on one does not stall the
+// other), puts its channels in confirm mode and publishes with mandatory set.
+// Publish returns nil only after a basic.ack; a basic.return gives
+// ErrUnroutable, a basic.nack ErrNacked, a missing exchange an
+// *ExchangeNotFoundError naming it. Concurrent calls are pipelined over a few
+// confirm channels: each waits for its own confirm while others publish.
+//
+// When the connection or a channel is lost, the Publisher redials with
+// exponential backoff and jitter. A Publish caught by the loss, or made during
+// the outage, waits and publishes again once connected, until its context
+// ends: give it a deadline. An error therefore means "not confirmed", never
+// "not delivered": a message whose confirm was lost with the connection may
+// have reached its queue, and publishing it again can make a duplicate.
+// Consumers should be idempotent, as they must be with any at-least-once
+// delivery.
+package publisher

@@ -1,0 +1,82 @@
+package publisher
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrUnroutable: the broker returned the message (basic.return) because no
+	// queue is bound to the exchange with that routing key. Nothing was stored.
+	ErrUnroutable = errors.New("publisher: message unroutable")
+
+	// ErrNacked: the broker refused the message (basic.nack), for example a
+	// queue with x-overflow=reject-publish is full.
+	ErrNacked = errors.New("publisher: message nacked by the broker")
+
+	// ErrClosed: the Publisher was closed.
+	ErrClosed = errors.New("publisher: closed")
+
+	// ErrNotConfirmed: the context ended or the confirm timeout passed before
+	// the broker confirmed; the message may or may not have been stored.
+	ErrNotConfirmed = errors.New("publisher: not confirmed")
+)
+
+// UnroutableError is the error for a returned message; it matches
+// ErrUnroutable.
+type UnroutableError struct {
+	Exchange   string
+	RoutingKey string
+	ReplyCode  uint16
+	ReplyText  string
+}
+
+func (e *UnroutableError) Error() string {
+	return fmt.Sprintf("publisher: message to exchange %q with routing key %q returned by the broker (%d %s): bind a queue for that key or publish elsewhere",
+		e.Exchange, e.RoutingKey, e.ReplyCode, e.ReplyText)
+}
+
+func (e *UnroutableError) Is(target error) bool { return target == ErrUnroutable }
+
+// ExchangeNotFoundError: the broker closed the channel with 404 because the
+// exchange does not exist. The Publisher opens a new channel; the next
+// Publish is not affected.
+type ExchangeNotFoundError struct {
+	Exchange string
+	Reason   string // the broker's text
+}
+
+func (e *ExchangeNotFoundError) Error() string {
+	return fmt.Sprintf("publisher: exchange %q does not exist (broker: %s): declare it before publishing", e.Exchange, e.Reason)
+}
+
+// ChannelError: the broker closed the channel with an exception while the
+// message was unconfirmed, and publishing again hit the same exception.
+type ChannelError struct {
+	Exchange string
+	Code     int
+	Reason   string
+}
+
+func (e *ChannelError) Error() string {
+	return fmt.Sprintf("publisher: the broker closed the channel publishing to exchange %q (%d %s)", e.Exchange, e.Code, e.Reason)
+}
+
+// notConfirmed wraps why a confirm did not arrive; it matches
+// ErrNotConfirmed and the cause (a context error, for instance).
+type notConfirmedError struct {
+	exchange, key string
+	cause         error
+	lastLoss      error
+}
+
+func (e *notConfirmedError) Error() string {
+	msg := fmt.Sprintf("publisher: message to exchange %q with routing key %q not confirmed: %v", e.exchange, e.key, e.cause)
+	if e.lastLoss != nil {
+		msg += fmt.Sprintf(" (last connection problem: %v)", e.lastLoss)
+	}
+	return msg + "; it may or may not have been stored"
+}
+
+func (e *notConfirmedError) Is(target error) bool { return target == ErrNotConfirmed }
+func (e *notConfirmedError) Unwrap() error        { return e.cause }

@@ -1,0 +1,104 @@
+package publisher
+
+import (
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Option configures New.
+type Option func(*config)
+
+type config struct {
+	tls            *tls.Config
+	confirmTimeout time.Duration
+	channels       int
+	logger         *slog.Logger
+	heartbeat      time.Duration
+	dialTimeout    time.Duration
+	name           string
+	closeTimeout   time.Duration
+	errs           []error
+}
+
+func defaultConfig() config {
+	return config{
+		confirmTimeout: 30 * time.Second,
+		channels:       4,
+		heartbeat:      10 * time.Second,
+		dialTimeout:    10 * time.Second,
+		name:           "amqpretry publisher",
+		closeTimeout:   5 * time.Second,
+	}
+}
+
+// WithTLS sets the TLS configuration for amqps:// URLs. Without it amqps://
+// verifies the broker against the system's roots and the URL's host name.
+func WithTLS(c *tls.Config) Option {
+	return func(cfg *config) { cfg.tls = c }
+}
+
+// WithConfirmTimeout bounds the wait for a confirm once a message is sent; a
+// Publish that passes it returns ErrNotConfirmed. Default 30s; the context's
+// deadline applies too.
+func WithConfirmTimeout(d time.Duration) Option {
+	return func(cfg *config) {
+		if d <= 0 {
+			cfg.errs = append(cfg.errs, fmt.Errorf("publisher: WithConfirmTimeout expects a duration > 0, got %v", d))
+		}
+		cfg.confirmTimeout = d
+	}
+}
+
+// WithChannels sets how many confirm channels concurrent publishes are spread
+// over. Default 4: the broker runs each channel in one process, so a few
+// channels use its cores while each still pipelines many confirms.
+func WithChannels(n int) Option {
+	return func(cfg *config) {
+		if n < 1 || n > 256 {
+			cfg.errs = append(cfg.errs, fmt.Errorf("publisher: WithChannels expects 1 to 256 channels, got %d", n))
+		}
+		cfg.channels = n
+	}
+}
+
+// WithLogger sets where connection losses and redials are logged. Default
+// slog.Default(). URLs are logged with their password hidden.
+func WithLogger(l *slog.Logger) Option {
+	return func(cfg *config) {
+		if l == nil {
+			cfg.errs = append(cfg.errs, fmt.Errorf("publisher: WithLogger expects a non-nil logger"))
+		}
+		cfg.logger = l
+	}
+}
+
+// WithHeartbeat sets the AMQP heartbeat interval: a broker that stops
+// answering is noticed after about two intervals. Default 10s.
+func WithHeartbeat(d time.Duration) Option {
+	return func(cfg *config) {
+		if d < time.Second {
+			cfg.errs = append(cfg.errs, fmt.Errorf("publisher: WithHeartbeat expects at least 1s, got %v", d))
+		}
+		cfg.heartbeat = d
+	}
+}
+
+// WithConnectionName sets the name the broker shows for the connection
+// (rabbitmqctl list_connections client_properties). Default
+// "amqpretry publisher".
+func WithConnectionName(name string) Option {
+	return func(cfg *config) { cfg.name = name }
+}
+
+// WithCloseTimeout bounds how long Close waits for publishes in flight to be
+// confirmed before it closes the connection. Default 5s.
+func WithCloseTimeout(d time.Duration) Option {
+	return func(cfg *config) {
+		if d < 0 {
+			cfg.errs = append(cfg.errs, fmt.Errorf("publisher: WithCloseTimeout expects a duration >= 0, got %v", d))
+		}
+		cfg.closeTimeout = d
+	}
+}
