@@ -17,6 +17,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
 )
 
 const (
@@ -56,26 +58,16 @@ func run(ctx context.Context, out io.Writer, url string, initial time.Duration) 
 		return err
 	}
 
-	// The dead-letter publisher waits for the broker's confirm: the original
-	// is acked only once its copy is safely on the DLQ.
-	pub, err := conn.Channel()
+	// The dead-letter copy is acked by the broker before the original is:
+	// the Publisher waits for the confirm, and Republish annotates the copy.
+	pub, err := publisher.New(url)
 	if err != nil {
 		return err
 	}
-	if err := pub.Confirm(false); err != nil {
-		return err
-	}
+	defer pub.Close()
 	toDLQ := middleware.RecovererFunc(func(ctx context.Context, d *amqp.Delivery, cause error) error {
-		conf, err := pub.PublishWithDeferredConfirmWithContext(ctx, dlx, d.RoutingKey, true, false, amqp.Publishing{
-			Headers:      amqp.Table{"x-exception-message": cause.Error()},
-			DeliveryMode: amqp.Persistent,
-			Body:         d.Body,
-		})
-		if err != nil {
+		if err := recoverer.Republish(pub, dlx, "").Recover(ctx, d, cause); err != nil {
 			return err
-		}
-		if ok, err := conf.WaitContext(ctx); err != nil || !ok {
-			return fmt.Errorf("dead-letter publish not confirmed (ok=%v): %v", ok, err)
 		}
 		say("republished %s to %s, confirmed", d.Body, dlx)
 		return nil
@@ -120,7 +112,7 @@ func run(ctx context.Context, out io.Writer, url string, initial time.Duration) 
 	if err != nil || !ok {
 		return fmt.Errorf("nothing on %s (ok=%v): %v", dlq, ok, err)
 	}
-	say("got dead message %s (x-exception-message: %v)", dead.Body, dead.Headers["x-exception-message"])
+	say("got dead message %s (x-exception-message: %v, attempts: %v)", dead.Body, dead.Headers["x-exception-message"], dead.Headers["x-amqpretry-attempts"])
 	return nil
 }
 

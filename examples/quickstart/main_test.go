@@ -29,7 +29,7 @@ func TestQuickstart(t *testing.T) {
 		"attempt 5: handling msg1",
 		"republished msg1 to amqpretry.quickstart.dlx, confirmed",
 		"settled msg1: ack",
-		"got dead message msg1 (x-exception-message: user service unavailable)",
+		"got dead message msg1 (x-exception-message: user service unavailable, attempts: 5)",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, &out)

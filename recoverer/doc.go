@@ -1,0 +1,49 @@
+// Package recoverer decides where a message goes when its handler has failed
+// for good: Republish(pub, "orders.dlx", "") copies it to a dead-letter
+// exchange with headers saying why, waits for the broker's confirm, and only
+// then lets the listener ack the original.
+//
+// Use a recoverer with middleware.Recover:
+//
+//	middleware.Chain(middleware.Retry(5), middleware.Recover(recoverer.Republish(pub, "orders.dlx", "")))
+//
+// A recoverer that returns nil promises the message is safe elsewhere; one
+// that returns an error leaves it on its queue (the listener requeues it), so
+// an unroutable, nacked or timed-out republish never loses the original.
+// Reject hands the message to the queue's own dead-letter exchange instead,
+// Requeue keeps it on its queue, and Fallback tries several in order:
+//
+//	recoverer.Fallback(recoverer.Republish(pub, "orders.dlx", ""), recoverer.Reject())
+//
+// # Fault headers
+//
+// The republished copy keeps the body, every property (with persistent
+// delivery forced) and the application headers, minus the broker's own
+// (x-death, x-first-death-*, x-last-death-*, x-delivery-count). It gains
+// Spring AMQP's headers, so Spring-side DLQ tools read it:
+//
+//	x-exception-message     the handler's error message
+//	x-exception-stacktrace  a panic's stack, or else the chain of wrapped errors
+//	x-original-exchange     the exchange the message was published to
+//	x-original-routingKey   its routing key
+//
+// and, under DefaultHeaderPrefix (x-amqpretry-, WithHeaderPrefix changes it):
+//
+//	original-queue       the queue it was consumed from
+//	error-type           the Go type of the handler's error ("panic" for a panic)
+//	attempts             how many attempts were made (int64)
+//	failed-at            when it failed, RFC 3339 in UTC
+//	host                 the host that gave up on it
+//	original-expiration  its per-message TTL, removed so it does not expire on the DLQ
+//	original-user-id     its user-id, removed when the publisher logs in as someone
+//	                     else, since RabbitMQ refuses a user-id that is not the sender's
+//
+// The stack trace and error messages can hold data from the message or the
+// process; turn the stack trace off with WithStackTrace(false) if the DLQ is
+// read by people who should not see it.
+//
+// All headers must fit in one AMQP frame. Republish keeps them within the
+// negotiated frame_max minus a headroom (20,000 bytes, as Spring does,
+// WithHeadroom changes it) by cutting the stack trace first, then the message,
+// on UTF-8 boundaries, ending each cut with a marker that says how much was cut.
+package recoverer

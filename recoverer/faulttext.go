@@ -1,0 +1,106 @@
+package recoverer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/amqpretry/amqpretry/internal/amqptable"
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+// StackTrace renders what Spring puts in x-exception-stacktrace: for a panic,
+// its value and stack; otherwise the chain of wrapped errors, one per line
+// with its Go type, outermost first, since a Go error has no stack.
+func StackTrace(err error) string {
+	var pe *middleware.PanicError
+	if errors.As(err, &pe) {
+		return fmt.Sprintf("panic: %v\n\n%s", pe.Value, pe.Stack)
+	}
+	var b strings.Builder
+	writeChain(&b, err, 0)
+	return b.String()
+}
+
+const maxChainDepth = 32
+const maxChainLine = 1000 // x-exception-message carries the whole message
+
+func writeChain(b *strings.Builder, err error, depth int) {
+	if err == nil || depth >= maxChainDepth {
+		return
+	}
+	line := ErrorString(err)
+	if len(line) > maxChainLine {
+		line = cut(line, maxChainLine)
+	}
+	fmt.Fprintf(b, "%s%T: %s\n", strings.Repeat("  ", depth), err, line)
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			writeChain(b, e, depth+1)
+		}
+	case interface{ Unwrap() error }:
+		writeChain(b, u.Unwrap(), depth+1)
+	}
+}
+
+// ErrorString is err.Error(), made valid UTF-8, and safe from an Error method
+// that panics.
+func ErrorString(err error) (s string) {
+	defer func() {
+		if v := recover(); v != nil {
+			s = fmt.Sprintf("%T (its Error method panicked: %v)", err, v)
+		}
+	}()
+	return strings.ToValidUTF8(err.Error(), "\uFFFD")
+}
+
+// fitFaultText makes the exception message and stack trace fit in room bytes
+// of header table, their own keys and type tags included: it cuts the stack
+// trace first, then the message. Both come back valid UTF-8. It fails only
+// when room cannot hold even the two empty headers.
+func fitFaultText(room int, message, stack string, withStack bool) (string, string, error) {
+	message = strings.ToValidUTF8(message, "\uFFFD")
+	stack = strings.ToValidUTF8(stack, "\uFFFD")
+	room -= entrySize(HeaderExceptionMessage)
+	if withStack {
+		room -= entrySize(HeaderExceptionStacktrace)
+	} else {
+		stack = ""
+	}
+	if room < 0 {
+		return "", "", fmt.Errorf("recoverer: the message's headers leave no room for the fault headers within frame_max minus the headroom: lower WithHeadroom or trim the headers")
+	}
+	if len(message)+len(stack) <= room {
+		return message, stack, nil
+	}
+	stack = cut(stack, max(room-len(message), 0))
+	message = cut(message, room-len(stack))
+	return message, stack, nil
+}
+
+// entrySize is the encoded size of a string header with this key, value
+// excluded.
+func entrySize(key string) int { return 1 + len(key) + amqptable.FieldSize("") }
+
+// cut shortens s to at most n bytes, on a rune boundary, ending with a marker
+// that says how much was cut; "" when not even the marker fits.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	longest := marker(len(s), len(s)) // the marker is never longer than this
+	keep := n - len(longest)
+	if keep < 0 {
+		return ""
+	}
+	for keep > 0 && !utf8.RuneStart(s[keep]) {
+		keep--
+	}
+	return s[:keep] + marker(len(s)-keep, len(s))
+}
+
+func marker(cutBytes, total int) string {
+	return fmt.Sprintf(" …[cut %d of %d bytes]", cutBytes, total)
+}

@@ -1,0 +1,222 @@
+package recoverer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/amqptable"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/publisher"
+)
+
+// Spring AMQP's fault header names.
+const (
+	HeaderExceptionMessage    = "x-exception-message"
+	HeaderExceptionStacktrace = "x-exception-stacktrace"
+	HeaderOriginalExchange    = "x-original-exchange"
+	HeaderOriginalRoutingKey  = "x-original-routingKey"
+)
+
+// DefaultHeaderPrefix prefixes the fault headers that are ours.
+const DefaultHeaderPrefix = "x-amqpretry-"
+
+// Suffixes of our fault headers, after the prefix.
+const (
+	SuffixOriginalQueue      = "original-queue"
+	SuffixErrorType          = "error-type"
+	SuffixAttempts           = "attempts"
+	SuffixFailedAt           = "failed-at"
+	SuffixHost               = "host"
+	SuffixOriginalExpiration = "original-expiration"
+	SuffixOriginalUserID     = "original-user-id"
+)
+
+// DefaultHeadroom is what Republish leaves free in a frame for the other
+// properties and the frame's own overhead, as Spring AMQP does.
+const DefaultHeadroom = 20000
+
+// brokerHeaders are set by RabbitMQ when it dead-letters or redelivers a
+// message; a copy must not carry them (RabbitMQ 4 refuses client-written
+// x-death, and stale counts would mislead whoever reads the DLQ).
+var brokerHeaders = []string{
+	"x-death", "x-delivery-count",
+	"x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
+	"x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
+}
+
+// Republisher is a middleware.Recoverer that publishes a copy of a failed
+// message, annotated with fault headers, and waits for the broker's confirm.
+type Republisher struct {
+	pub        *publisher.Publisher
+	exchange   string
+	routingKey string
+	cfg        config
+	host       string
+}
+
+var _ middleware.Recoverer = (*Republisher)(nil)
+
+// Republish returns a Recoverer that publishes failed messages to exchange
+// with routingKey, or with the message's own routing key when routingKey is
+// "". Use exchange "" and the DLQ's name as routingKey to publish straight to
+// a queue. It panics if pub is nil or an option is invalid.
+func Republish(pub *publisher.Publisher, exchange, routingKey string, opts ...Option) *Republisher {
+	if pub == nil {
+		panic("recoverer: Republish expects a non-nil *publisher.Publisher")
+	}
+	cfg := defaultConfig()
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		panic(err.Error())
+	}
+	host, _ := os.Hostname()
+	return &Republisher{pub: pub, exchange: exchange, routingKey: routingKey, cfg: cfg, host: host}
+}
+
+// Recover publishes the annotated copy and returns nil once the broker has
+// confirmed it. Any other outcome (unroutable, nacked, no confirm within the
+// publish timeout, headers too large) is an error, and the listener requeues
+// the original.
+func (r *Republisher) Recover(ctx context.Context, d *amqp.Delivery, cause error) error {
+	msg, err := r.Message(ctx, d, cause)
+	if err != nil {
+		return err
+	}
+	key := r.routingKey
+	if key == "" {
+		key = d.RoutingKey
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
+	defer cancel()
+	if err := r.pub.Publish(ctx, r.exchange, key, msg); err != nil {
+		return fmt.Errorf("recoverer: republish to exchange %q with routing key %q: %w", r.exchange, key, err)
+	}
+	return nil
+}
+
+// Message builds the copy Recover publishes: exported so that other
+// recoverers (broker retry tiers) and tests can reuse it.
+func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error) (amqp.Publishing, error) {
+	if d == nil {
+		return amqp.Publishing{}, errors.New("recoverer: nil delivery")
+	}
+	if cause == nil {
+		cause = errors.New("no error given")
+	}
+	headers := make(amqp.Table, len(d.Headers)+12)
+	for k, v := range d.Headers {
+		headers[k] = v
+	}
+	for _, k := range brokerHeaders {
+		delete(headers, k)
+	}
+	if r.cfg.extra != nil {
+		for k, v := range r.cfg.extra(ctx, d, cause) {
+			headers[k] = v
+		}
+	}
+	handlerErr := HandlerError(cause)
+	p := r.cfg.prefix
+	headers[HeaderOriginalExchange] = d.Exchange
+	headers[HeaderOriginalRoutingKey] = d.RoutingKey
+	headers[p+SuffixOriginalQueue] = middleware.Queue(ctx)
+	headers[p+SuffixErrorType] = ErrorType(cause)
+	headers[p+SuffixAttempts] = int64(Attempts(ctx, cause))
+	headers[p+SuffixFailedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	headers[p+SuffixHost] = r.host
+
+	msg := amqp.Publishing{
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		UserId:          d.UserId,
+		Body:            d.Body,
+	}
+	if d.Expiration != "" {
+		headers[p+SuffixOriginalExpiration] = d.Expiration // dead letters must not expire
+	}
+	if d.UserId != "" && d.UserId != r.pub.Username() {
+		headers[p+SuffixOriginalUserID] = d.UserId
+		msg.UserId = ""
+	}
+
+	headers, err := amqptable.Normalize(headers)
+	if err != nil {
+		return amqp.Publishing{}, fmt.Errorf("recoverer: %w", err)
+	}
+	stack := ""
+	if r.cfg.stackTrace {
+		stack = StackTrace(cause)
+	}
+	message, stack, err := fitFaultText(r.budget()-amqptable.Size(headers), ErrorString(handlerErr), stack, r.cfg.stackTrace)
+	if err != nil {
+		return amqp.Publishing{}, err
+	}
+	headers[HeaderExceptionMessage] = message
+	if r.cfg.stackTrace {
+		headers[HeaderExceptionStacktrace] = stack
+	}
+	msg.Headers = headers
+	return msg, nil
+}
+
+// budget is the room for all headers: frame_max minus the headroom.
+func (r *Republisher) budget() int {
+	frameMax := r.pub.FrameMax()
+	if frameMax <= 0 {
+		frameMax = 131072 // RabbitMQ's default
+	}
+	return frameMax - r.cfg.headroom
+}
+
+// HandlerError strips the library's own wrappers (retries exhausted,
+// permanent) to reach the error the handler returned.
+func HandlerError(err error) error {
+	for {
+		switch e := err.(type) {
+		case *middleware.RetriesExhaustedError:
+			err = e.Last
+		case *middleware.PermanentError:
+			err = e.Err
+		case *backoff.PermanentError:
+			err = e.Err
+		default:
+			return err
+		}
+	}
+}
+
+// ErrorType names the Go type of the handler's error, or "panic".
+func ErrorType(err error) string {
+	err = HandlerError(err)
+	var pe *middleware.PanicError
+	if errors.As(err, &pe) {
+		return "panic"
+	}
+	return fmt.Sprintf("%T", err)
+}
+
+// Attempts is the number of attempts made: from a RetriesExhaustedError when
+// Recover sits outside Retry, else from the attempt in progress.
+func Attempts(ctx context.Context, cause error) int {
+	var ex *middleware.RetriesExhaustedError
+	if errors.As(cause, &ex) {
+		return ex.Attempts
+	}
+	return middleware.Attempt(ctx)
+}

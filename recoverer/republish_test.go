@@ -1,0 +1,335 @@
+package recoverer_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/amqptable"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/faultproxy"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func newPublisher(t *testing.T, url string) *publisher.Publisher {
+	t.Helper()
+	brokertest.Dial(t)
+	p, err := publisher.New(url, publisher.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// topology declares a work queue and a DLX (direct) bound to a DLQ with the
+// work queue's name as key, as most users set it up.
+func topology(t *testing.T) (work, dlx, dlq string) {
+	work, dlx, dlq = brokertest.Name(t, "work"), brokertest.Name(t, "dlx"), brokertest.Name(t, "dlq")
+	brokertest.Queue(t, work, nil)
+	brokertest.Queue(t, dlq, nil)
+	brokertest.Exchange(t, dlx, "direct")
+	brokertest.Bind(t, dlq, dlx, work)
+	return work, dlx, dlq
+}
+
+// handleOne takes one message from queue, runs it through chain(h) and
+// settles it as the listener would.
+func handleOne(t *testing.T, queue string, chain middleware.Middleware, h middleware.Handler) (middleware.Settlement, error) {
+	t.Helper()
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	d, ok, err := ch.Get(queue, false)
+	if err != nil || !ok {
+		t.Fatalf("get from %s: ok=%v err=%v", queue, ok, err)
+	}
+	ctx := middleware.WithQueue(context.Background(), queue)
+	result := chain(h)(ctx, &d)
+	s, err := middleware.Settle(&d, result)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, result
+}
+
+func failing(err error) middleware.Handler {
+	return func(context.Context, *amqp.Delivery) error { return err }
+}
+
+func retryFast(n int) middleware.Middleware {
+	return middleware.Retry(n, middleware.WithInitialInterval(time.Millisecond))
+}
+
+func TestRepublishCopiesAndAnnotates(t *testing.T) {
+	work, dlx, dlq := topology(t)
+	pub := newPublisher(t, brokertest.URL())
+	stamp := time.Unix(1700000000, 0)
+	brokertest.Publish(t, work, amqp.Publishing{
+		ContentType: "application/json", ContentEncoding: "gzip", Priority: 3,
+		CorrelationId: "corr-1", ReplyTo: "replies", MessageId: "msg-1", Timestamp: stamp,
+		Type: "order.created", AppId: "shop", Expiration: "600000", DeliveryMode: amqp.Transient,
+		Headers: amqp.Table{
+			"tenant": "acme", "x-death": []any{amqp.Table{"count": int64(3)}}, "x-delivery-count": int64(2),
+			"x-first-death-queue": "old", "x-last-death-reason": "rejected",
+		},
+		Body: []byte(`{"order":7}`),
+	})
+
+	rep := recoverer.Republish(pub, dlx, "")
+	s, err := handleOne(t, work, middleware.Chain(retryFast(3), middleware.Recover(rep)), failing(errors.New("customer 7 not found")))
+	if s != middleware.Ack || err != nil {
+		t.Fatalf("settled %v (%v), want ack after a confirmed republish", s, err)
+	}
+	if n := brokertest.Depth(t, work); n != 0 {
+		t.Errorf("work queue holds %d, want the original acked", n)
+	}
+
+	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
+	if !ok {
+		t.Fatal("nothing on the DLQ")
+	}
+	if string(d.Body) != `{"order":7}` || d.ContentType != "application/json" || d.ContentEncoding != "gzip" ||
+		d.Priority != 3 || d.CorrelationId != "corr-1" || d.ReplyTo != "replies" || d.MessageId != "msg-1" ||
+		!d.Timestamp.Equal(stamp) || d.Type != "order.created" || d.AppId != "shop" {
+		t.Errorf("properties not copied: %+v", d)
+	}
+	if d.DeliveryMode != amqp.Persistent {
+		t.Errorf("delivery mode %d, want persistent", d.DeliveryMode)
+	}
+	if d.Expiration != "" || d.Headers["x-amqpretry-original-expiration"] != "600000" {
+		t.Errorf("expiration %q / header %v: a dead letter must not expire, and the TTL is kept in a header", d.Expiration, d.Headers["x-amqpretry-original-expiration"])
+	}
+	want := map[string]any{
+		"tenant":                     "acme",
+		"x-exception-message":        "customer 7 not found",
+		"x-original-exchange":        "",
+		"x-original-routingKey":      work,
+		"x-amqpretry-original-queue": work,
+		"x-amqpretry-error-type":     "*errors.errorString",
+		"x-amqpretry-attempts":       int64(3),
+	}
+	for k, v := range want {
+		if d.Headers[k] != v {
+			t.Errorf("header %s = %#v, want %#v", k, d.Headers[k], v)
+		}
+	}
+	for _, k := range []string{"x-death", "x-delivery-count", "x-first-death-queue", "x-last-death-reason"} {
+		if _, ok := d.Headers[k]; ok {
+			t.Errorf("broker-owned header %s was copied", k)
+		}
+	}
+	if st, _ := d.Headers["x-exception-stacktrace"].(string); !strings.Contains(st, "*errors.errorString: customer 7 not found") {
+		t.Errorf("stack trace = %q", st)
+	}
+	if at, _ := d.Headers["x-amqpretry-failed-at"].(string); at == "" {
+		t.Error("no failed-at header")
+	} else if ts, err := time.Parse(time.RFC3339Nano, at); err != nil || time.Since(ts) > time.Minute {
+		t.Errorf("failed-at %q: %v", at, err)
+	}
+	if h, _ := d.Headers["x-amqpretry-host"].(string); h == "" {
+		t.Error("no host header")
+	}
+}
+
+func TestRepublishRoutingKey(t *testing.T) {
+	work, dlx, dlq := topology(t)
+	other := brokertest.Name(t, "other")
+	brokertest.Queue(t, other, nil)
+	brokertest.Bind(t, other, dlx, "explicit")
+	pub := newPublisher(t, brokertest.URL())
+	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("a")}, amqp.Publishing{Body: []byte("b")})
+
+	handleOne(t, work, middleware.Recover(recoverer.Republish(pub, dlx, "")), failing(errors.New("x")))
+	handleOne(t, work, middleware.Recover(recoverer.Republish(pub, dlx, "explicit")), failing(errors.New("x")))
+	if brokertest.Depth(t, dlq) != 1 || brokertest.Depth(t, other) != 1 {
+		t.Fatalf("dlq %d, other %d: want one each (\"\" keeps the original key, a key overrides it)", brokertest.Depth(t, dlq), brokertest.Depth(t, other))
+	}
+}
+
+// No path acks an original whose copy was not confirmed.
+func TestFailedRepublishKeepsTheOriginal(t *testing.T) {
+	proxy, err := faultproxy.Start("127.0.0.1:5672")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	viaProxy, _ := proxy.URL(brokertest.URL())
+
+	tests := []struct {
+		name     string
+		exchange func(dlx string) string
+		rkey     string
+		outage   bool
+		wantErr  error
+	}{
+		{"unroutable", func(dlx string) string { return dlx }, "no-binding", false, publisher.ErrUnroutable},
+		{"missing exchange", func(string) string { return "amqpretry-test.no-such-exchange" }, "", false, nil},
+		{"publisher outage", func(dlx string) string { return dlx }, "", true, publisher.ErrNotConfirmed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			work, dlx, dlq := topology(t)
+			pub := newPublisher(t, viaProxy)
+			brokertest.Publish(t, work, amqp.Publishing{Body: []byte("precious")})
+			if tt.outage {
+				proxy.Refuse(true)
+				proxy.CutAll()
+				defer proxy.Refuse(false)
+			}
+			rep := recoverer.Republish(pub, tt.exchange(dlx), tt.rkey, recoverer.WithPublishTimeout(time.Second))
+			s, err := handleOne(t, work, middleware.Chain(retryFast(2), middleware.Recover(rep)), failing(middleware.Permanent(errors.New("bad"))))
+			if s != middleware.Requeue || !errors.Is(err, middleware.ErrRecoveryFailed) {
+				t.Fatalf("settled %v (%v), want requeue after a failed recovery", s, err)
+			}
+			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
+				t.Errorf("err = %v, want it to match %v", err, tt.wantErr)
+			}
+			if tt.name == "missing exchange" && !strings.Contains(err.Error(), "amqpretry-test.no-such-exchange") {
+				t.Errorf("err = %v, want it to name the exchange", err)
+			}
+			if n := brokertest.Depth(t, work); n != 1 {
+				t.Errorf("work queue holds %d, want the original back", n)
+			}
+			if n := brokertest.Depth(t, dlq); n != 0 {
+				t.Errorf("DLQ holds %d, want nothing", n)
+			}
+		})
+	}
+}
+
+// A 3 MB error message made of multi-byte runes: the copy is published with
+// its headers inside frame_max minus the headroom, cut on rune boundaries.
+func TestHugeErrorMessageFitsTheFrame(t *testing.T) {
+	work, dlx, dlq := topology(t)
+	pub := newPublisher(t, brokertest.URL())
+	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x"), Headers: amqp.Table{"keep": "me"}})
+	huge := strings.Repeat("错误", 500_000) // 3,000,000 bytes
+	s, err := handleOne(t, work, middleware.Chain(retryFast(2), middleware.Recover(recoverer.Republish(pub, dlx, ""))), failing(errors.New(huge)))
+	if s != middleware.Ack {
+		t.Fatalf("settled %v (%v), want ack", s, err)
+	}
+	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
+	if !ok {
+		t.Fatal("nothing on the DLQ")
+	}
+	if size, budget := amqptable.Size(d.Headers), pub.FrameMax()-recoverer.DefaultHeadroom; size > budget {
+		t.Errorf("headers take %d bytes, budget %d", size, budget)
+	}
+	msg, _ := d.Headers["x-exception-message"].(string)
+	if !utf8.ValidString(msg) || !strings.HasPrefix(msg, "错误错误") || !strings.Contains(msg, "…[cut ") {
+		t.Errorf("message not cut cleanly: %q…", msg[:min(len(msg), 60)])
+	}
+	if st, _ := d.Headers["x-exception-stacktrace"].(string); !utf8.ValidString(st) {
+		t.Error("stack trace is not valid UTF-8")
+	}
+	if d.Headers["keep"] != "me" {
+		t.Error("application header lost")
+	}
+}
+
+// RabbitMQ closes the channel when a message's user-id is not the
+// publisher's login; the copy drops it and keeps it in a header.
+func TestForeignUserIDIsMovedToAHeader(t *testing.T) {
+	work, dlx, dlq := topology(t)
+	pub := newPublisher(t, brokertest.URL())
+	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x"), UserId: "guest"})
+	d0, _, _ := brokertest.Channel(t, brokertest.Dial(t)).Get(work, true)
+	d0.UserId = "alice" // as if alice had sent it
+	err := recoverer.Republish(pub, dlx, "").Recover(context.Background(), &d0, errors.New("x"))
+	if err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
+	if !ok || d.UserId != "" || d.Headers["x-amqpretry-original-user-id"] != "alice" {
+		t.Fatalf("ok=%v user-id %q header %v", ok, d.UserId, d.Headers["x-amqpretry-original-user-id"])
+	}
+}
+
+func TestRejectUsesTheQueuesOwnDLX(t *testing.T) {
+	dlx, dlq := brokertest.Name(t, "dlx"), brokertest.Name(t, "dlq")
+	brokertest.Exchange(t, dlx, "fanout")
+	brokertest.Queue(t, dlq, nil)
+	brokertest.Bind(t, dlq, dlx, "")
+	work := brokertest.Name(t, "work")
+	brokertest.Queue(t, work, amqp.Table{"x-dead-letter-exchange": dlx})
+	pub := newPublisher(t, brokertest.URL())
+	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x")})
+
+	// The republish is unroutable, so Fallback moves on to Reject.
+	r := recoverer.Fallback(recoverer.Republish(pub, dlx+".missing", ""), recoverer.Reject())
+	s, err := handleOne(t, work, middleware.Chain(retryFast(2), middleware.Recover(r)), failing(errors.New("x")))
+	if s != middleware.Reject {
+		t.Fatalf("settled %v (%v), want reject", s, err)
+	}
+	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
+	if !ok || d.Headers["x-death"] == nil {
+		t.Fatalf("ok=%v headers %v: want the broker's own dead-lettering, with x-death", ok, d.Headers)
+	}
+}
+
+func TestRequeueKeepsEvenPermanentFailures(t *testing.T) {
+	work := brokertest.Name(t, "work")
+	brokertest.Queue(t, work, nil)
+	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x")})
+	s, err := handleOne(t, work, middleware.Recover(recoverer.Requeue()), failing(middleware.Permanent(errors.New("x"))))
+	if s != middleware.Requeue || !errors.Is(err, recoverer.ErrRequeueRequested) || brokertest.Depth(t, work) != 1 {
+		t.Fatalf("settled %v (%v), depth %d: want it back on its queue", s, err, brokertest.Depth(t, work))
+	}
+}
+
+func TestInvalidOptionsPanic(t *testing.T) {
+	pub := newPublisher(t, brokertest.URL())
+	tests := map[string]func(){
+		"recoverer: Republish expects a non-nil *publisher.Publisher":  func() { recoverer.Republish(nil, "x", "") },
+		"recoverer: WithHeadroom expects 0 to 1048576 bytes, got -1":   func() { recoverer.Republish(pub, "x", "", recoverer.WithHeadroom(-1)) },
+		"recoverer: WithPublishTimeout expects a duration > 0, got 0s": func() { recoverer.Republish(pub, "x", "", recoverer.WithPublishTimeout(0)) },
+		"recoverer: WithHeaders expects a non-nil function":            func() { recoverer.Republish(pub, "x", "", recoverer.WithHeaders(nil)) },
+		"recoverer: Fallback expects at least one Recoverer":           func() { recoverer.Fallback() },
+	}
+	for want, f := range tests {
+		t.Run(want, func(t *testing.T) {
+			defer func() {
+				if got := recover(); got != want {
+					t.Fatalf("panic = %v, want %q", got, want)
+				}
+			}()
+			f()
+		})
+	}
+}
+
+func TestExtraHeadersAndPrefix(t *testing.T) {
+	work, dlx, dlq := topology(t)
+	pub := newPublisher(t, brokertest.URL())
+	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x")})
+	rep := recoverer.Republish(pub, dlx, "",
+		recoverer.WithHeaderPrefix("acme-"),
+		recoverer.WithStackTrace(false),
+		recoverer.WithHeaders(func(_ context.Context, d *amqp.Delivery, cause error) amqp.Table {
+			return amqp.Table{"acme-team": "payments", "acme-size": len(d.Body)}
+		}))
+	handleOne(t, work, middleware.Recover(rep), failing(errors.New("x")))
+	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
+	if !ok {
+		t.Fatal("nothing on the DLQ")
+	}
+	if d.Headers["acme-team"] != "payments" || d.Headers["acme-size"] != int64(1) || d.Headers["acme-attempts"] != int64(1) {
+		t.Errorf("headers = %v", d.Headers)
+	}
+	if _, ok := d.Headers["x-exception-stacktrace"]; ok {
+		t.Error("stack trace present with WithStackTrace(false)")
+	}
+	if _, ok := d.Headers["x-amqpretry-attempts"]; ok {
+		t.Error("default prefix used despite WithHeaderPrefix")
+	}
+}
