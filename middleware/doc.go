@@ -42,6 +42,12 @@
 // worker in the meantime, and a poison message in backoff does not block healthy
 // ones. Put nothing that must hold a worker between Retry and the handler.
 //
+// Retry and Recover also call Park(ctx) before they wait (a backoff, a
+// recoverer's publish). The listener runs deliveries on the goroutine that
+// reads them and, when one parks, hands the reading to a new goroutine, so a
+// healthy message costs no goroutine and a waiting one never stalls its
+// consumer. Call Park in your own middlewares before they wait.
+//
 // # State
 //
 // A Middleware built by Retry is immutable and safe to share; each delivery gets

@@ -128,3 +128,23 @@ func plural(n int) string {
 	}
 	return "s"
 }
+
+// HandlerError strips the library's own wrappers (retries exhausted, Retry's
+// early stop, Permanent, backoff.Permanent) to reach the error the handler
+// returned, with the handler's own wrapping intact.
+func HandlerError(err error) error {
+	for {
+		switch e := err.(type) {
+		case *RetriesExhaustedError:
+			err = e.Last
+		case *stoppedError:
+			err = e.err
+		case *PermanentError:
+			err = e.Err
+		case *backoff.PermanentError:
+			err = e.Err
+		default:
+			return err
+		}
+	}
+}

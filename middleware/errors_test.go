@@ -87,3 +87,17 @@ func TestRecoveryError(t *testing.T) {
 		}
 	}
 }
+
+func TestHandlerError(t *testing.T) {
+	wrapped := fmt.Errorf("order 7: %w", errBoom)
+	for _, err := range []error{
+		wrapped,
+		middleware.Permanent(wrapped),
+		backoff.Permanent(wrapped),
+		&middleware.RetriesExhaustedError{Attempts: 3, Last: middleware.Permanent(wrapped)},
+	} {
+		if got := middleware.HandlerError(err); got != wrapped {
+			t.Errorf("HandlerError(%T) = %v, want the handler's own error", err, got)
+		}
+	}
+}

@@ -66,3 +66,25 @@ func TestGateIsFreeWhileRetryWaits(t *testing.T) {
 		}
 	}
 }
+
+type countingParker struct{ n int }
+
+func (p *countingParker) Park() { p.n++ }
+
+func TestParkIsCalledBeforeEveryWait(t *testing.T) {
+	p := &countingParker{}
+	ctx := middleware.WithParker(context.Background(), p)
+	h := &failingHandler{failures: 100, err: errBoom}
+	r := &recordingRecoverer{}
+	_ = middleware.Chain(middleware.Retry(4, middleware.WithClock(middleware.NewFakeClock())), middleware.Recover(r))(h.Handle)(ctx, &amqp.Delivery{})
+	// three backoffs, then the recoverer
+	if p.n != 4 {
+		t.Fatalf("Park called %d times, want 4 (3 waits and 1 recovery)", p.n)
+	}
+	p.n = 0
+	_ = middleware.Chain(middleware.Retry(4), middleware.Recover(r))(func(context.Context, *amqp.Delivery) error { return nil })(ctx, &amqp.Delivery{})
+	if p.n != 0 {
+		t.Fatalf("Park called %d times on success, want 0", p.n)
+	}
+	middleware.Park(context.Background()) // no Parker: nothing happens
+}

@@ -41,8 +41,8 @@ func Recover(r Recoverer) Middleware {
 	return func(next Handler) Handler {
 		return func(ctx context.Context, d *amqp.Delivery) error {
 			err := next(ctx, d)
-			if err == nil || errors.Is(err, ErrInterrupted) {
-				return err
+			if err == nil || errors.Is(err, ErrInterrupted) || d == probeDelivery {
+				return err // WorstCaseWait's dry run never reaches a recoverer
 			}
 			if cerr := ctx.Err(); cerr != nil {
 				return &InterruptedError{Attempt: Attempt(ctx), Reason: cerr, Last: err}
@@ -50,6 +50,7 @@ func Recover(r Recoverer) Middleware {
 			if willRetry(ctx, err) {
 				return err
 			}
+			Park(ctx) // a recoverer does I/O, which may wait out an outage
 			if rerr := r.Recover(ctx, d, err); rerr != nil {
 				if errors.Is(rerr, ErrReject) {
 					return fmt.Errorf("%w; handler error: %w", rerr, err)

@@ -88,9 +88,11 @@ func OnRetry(hook func(ctx context.Context, e RetryEvent)) RetryOption {
 // waits 1s, 2s, 4s and 8s.
 //
 // It stops early when an error is Permanent, when RetryIf says no, when the
-// time limit would be passed, or when the wait is interrupted. When attempts
-// run out it returns a *RetriesExhaustedError (ErrRetriesExhausted) that
-// unwraps to the last error; when the context ends or the interrupt channel
+// time limit would be passed, or when the wait is interrupted. When it stops
+// for a Permanent error or RetryIf it returns that error (same message, same
+// errors.Is and errors.As, with the count for Attempts). When attempts run
+// out it returns a *RetriesExhaustedError (ErrRetriesExhausted) that unwraps
+// to the last error; when the context ends or the interrupt channel
 // (WithInterrupt) closes, an *InterruptedError (ErrInterrupted), which the
 // listener requeues. Each delivery gets its own attempt counter and backoff
 // state; the returned Middleware is safe to share.
@@ -149,6 +151,7 @@ const (
 	interruptKey
 	probeKey
 	queueKey
+	parkerKey
 )
 
 type retryPolicy struct {
@@ -209,6 +212,7 @@ func (p *retryPolicy) run(ctx context.Context, d *amqp.Delivery, next Handler) e
 		if p.onRetry != nil {
 			p.onRetry(ctx, RetryEvent{Delivery: d, Attempt: actx.attempt, Err: err, Delay: dec.delay})
 		}
+		Park(ctx)
 		if werr := p.clock.Wait(ctx, interruptFrom(ctx), dec.delay); werr != nil {
 			return &InterruptedError{Attempt: actx.attempt, Reason: werr, Last: err}
 		}
@@ -270,9 +274,35 @@ func (d decision) finalError(attempt int, err error) error {
 		return &RetriesExhaustedError{Attempts: attempt, Last: err}
 	case stopTimeLimit:
 		return &RetriesExhaustedError{Attempts: attempt, Last: err, TimeLimited: true}
-	default: // permanent or not retryable: the caller's error, unchanged
-		return err
+	default: // permanent or not retryable: the caller's error, with the count attached
+		return &stoppedError{attempts: attempt, err: err}
 	}
+}
+
+// stoppedError is the handler's error as Retry returns it when it stops
+// early: it reads and unwraps as that error, and carries the attempt count
+// for Attempts, so that a Recover outside Retry can tell how many were made.
+type stoppedError struct {
+	attempts int
+	err      error
+}
+
+func (e *stoppedError) Error() string { return e.err.Error() }
+func (e *stoppedError) Unwrap() error { return e.err }
+
+// Attempts reports how many attempts the Retry that returned err made, when
+// err came out of a Retry (exhausted, or stopped by a Permanent error or
+// RetryIf).
+func Attempts(err error) (int, bool) {
+	var ex *RetriesExhaustedError
+	if errors.As(err, &ex) {
+		return ex.Attempts, true
+	}
+	var st *stoppedError
+	if errors.As(err, &st) {
+		return st.attempts, true
+	}
+	return 0, false
 }
 
 // decide says whether the given failed attempt will be retried, and after

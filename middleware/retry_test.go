@@ -63,8 +63,11 @@ func TestRetryAttempts(t *testing.T) {
 			if tt.wantExhaust && (ex.Attempts != tt.wantCalls || ex.Last != tt.err) {
 				t.Errorf("exhausted error = %+v, want Attempts %d and Last %v", ex, tt.wantCalls, tt.err)
 			}
-			if !tt.wantExhaust && err != tt.err {
-				t.Errorf("err = %v, want the handler's error returned unchanged", err)
+			if !tt.wantExhaust && (!errors.Is(err, tt.err) || err.Error() != tt.err.Error()) {
+				t.Errorf("err = %v, want the handler's error, reading the same", err)
+			}
+			if n, ok := middleware.Attempts(err); !ok || n != tt.wantCalls {
+				t.Errorf("Attempts(err) = %d, %v; want %d", n, ok, tt.wantCalls)
 			}
 		})
 	}
@@ -183,8 +186,8 @@ func TestRetryIf(t *testing.T) {
 		middleware.RetryIf(func(err error) bool { return errors.Is(err, errTransient) }))
 
 	h := &failingHandler{failures: 1000, err: errBoom}
-	if err := retry(h.Handle)(context.Background(), &amqp.Delivery{}); err != errBoom || h.Calls() != 1 {
-		t.Errorf("non-retryable: err = %v after %d calls, want errBoom unchanged after 1", err, h.Calls())
+	if err := retry(h.Handle)(context.Background(), &amqp.Delivery{}); !errors.Is(err, errBoom) || err.Error() != "boom" || h.Calls() != 1 {
+		t.Errorf("non-retryable: err = %v after %d calls, want errBoom after 1", err, h.Calls())
 	}
 	h = &failingHandler{failures: 1000, err: fmt.Errorf("wrapped: %w", errTransient)}
 	if err := retry(h.Handle)(context.Background(), &amqp.Delivery{}); !errors.Is(err, middleware.ErrRetriesExhausted) || h.Calls() != 5 {
@@ -305,6 +308,23 @@ func TestRetryStatePerDelivery(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("delivery %p waited %v, want %v", d, got, want)
 		}
+	}
+}
+
+func TestAttemptsAfterAnEarlyStop(t *testing.T) {
+	h := &failingHandler{failures: 2, err: errBoom}
+	permanentOnThird := func(ctx context.Context, d *amqp.Delivery) error {
+		if err := h.Handle(ctx, d); err != nil {
+			return err
+		}
+		return middleware.Permanent(errBoom)
+	}
+	err := middleware.Retry(5, middleware.WithClock(middleware.NewFakeClock()))(permanentOnThird)(context.Background(), &amqp.Delivery{})
+	if n, ok := middleware.Attempts(err); !ok || n != 3 || !middleware.IsPermanent(err) {
+		t.Fatalf("Attempts = %d, %v (err %v); want 3 attempts and the error still permanent", n, ok, err)
+	}
+	if _, ok := middleware.Attempts(errBoom); ok {
+		t.Error("Attempts found a count in an error that never went through Retry")
 	}
 }
 

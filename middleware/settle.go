@@ -33,21 +33,19 @@ func (s Settlement) String() string {
 }
 
 // SettlementFor maps a chain's final error to its settlement: nil acks;
-// interruptions requeue; a recoverer's ErrReject rejects; failed recoveries
-// requeue (the message is not safe anywhere else); Permanent errors are
-// rejected without requeue; every other error requeues. The order matters: a
-// failed recovery of a Permanent error still requeues, since rejecting it
-// could drop the only copy.
+// interruptions and failed recoveries requeue (the message is not safe
+// anywhere else); a recoverer's ErrReject and Permanent errors are rejected
+// without requeue; every other error requeues. The order matters: a failed
+// recovery still requeues whatever the handler's error wraps, since
+// rejecting it could drop the only copy.
 func SettlementFor(err error) Settlement {
 	switch {
 	case err == nil:
 		return Ack
-	case errors.Is(err, ErrInterrupted):
+	case errors.Is(err, ErrInterrupted), errors.Is(err, ErrRecoveryFailed):
 		return Requeue
 	case errors.Is(err, ErrReject):
 		return Reject
-	case errors.Is(err, ErrRecoveryFailed):
-		return Requeue
 	case IsPermanent(err):
 		return Reject
 	default:

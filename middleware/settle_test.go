@@ -47,6 +47,7 @@ func TestSettle(t *testing.T) {
 		{"panic", &middleware.PanicError{Value: "x"}, middleware.Requeue, "reject(7, requeue=true)"},
 		{"interrupted", &middleware.InterruptedError{Reason: context.Canceled, Last: middleware.Permanent(errBoom)}, middleware.Requeue, "reject(7, requeue=true)"},
 		{"recoverer asked to reject", fmt.Errorf("%w; handler error: %w", middleware.ErrReject, errBoom), middleware.Reject, "reject(7, requeue=false)"},
+		{"a failed recovery beats reject", &middleware.RecoveryError{Err: errors.New("nacked"), Cause: middleware.ErrReject}, middleware.Requeue, "reject(7, requeue=true)"},
 		{"interrupted beats reject", &middleware.InterruptedError{Reason: context.Canceled, Last: middleware.ErrReject}, middleware.Requeue, "reject(7, requeue=true)"},
 		{"recovery failed", &middleware.RecoveryError{Err: errors.New("nacked"), Cause: middleware.Permanent(errBoom)}, middleware.Requeue, "reject(7, requeue=true)"},
 	}

@@ -42,17 +42,27 @@ func (p *retryPolicy) runProbe(ctx context.Context, pr *probe, d *amqp.Delivery,
 	return err
 }
 
-// worstCaseWait is the sum of the maxAttempts-1 delays at their largest.
+// worstCaseWait is the sum of the maxAttempts-1 delays at their largest:
+// delay i is min(initial·multiplier^i, max)·(1+jitter), as backoff/v4 computes
+// it. Closed form, so that Retry(math.MaxInt, WithMultiplier(1)) costs nothing.
 func (p *retryPolicy) worstCaseWait() time.Duration {
-	var total time.Duration
-	interval := float64(p.initial)
-	waits := p.maxAttempts - 1
-	for ; waits > 0 && interval < float64(p.maxInterval); waits-- {
-		total = addSaturating(total, durationFromFloat(interval*(1+p.jitter)))
-		interval *= p.multiplier
+	waits := float64(p.maxAttempts - 1)
+	initial, capped, m := float64(p.initial), float64(p.maxInterval), p.multiplier
+	// How many delays come before the cap.
+	growing := waits
+	if m > 1 && initial < capped {
+		growing = math.Min(waits, math.Ceil(math.Log(capped/initial)/math.Log(m)))
+	} else if initial >= capped {
+		growing = 0
 	}
-	// The rest are all at the cap.
-	total = addSaturating(total, mulSaturating(durationFromFloat(float64(p.maxInterval)*(1+p.jitter)), waits))
+	var sum float64
+	if m == 1 {
+		sum = growing * initial
+	} else {
+		sum = initial * (math.Pow(m, growing) - 1) / (m - 1)
+	}
+	sum += (waits - growing) * capped
+	total := durationFromFloat(sum * (1 + p.jitter))
 	if p.maxElapsed > 0 && total > p.maxElapsed {
 		total = p.maxElapsed
 	}
@@ -60,7 +70,7 @@ func (p *retryPolicy) worstCaseWait() time.Duration {
 }
 
 func durationFromFloat(f float64) time.Duration {
-	if f >= math.MaxInt64 {
+	if f >= math.MaxInt64 || math.IsNaN(f) {
 		return math.MaxInt64
 	}
 	return time.Duration(f)

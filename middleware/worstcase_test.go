@@ -36,6 +36,9 @@ func TestWorstCaseWait(t *testing.T) {
 		{"nested retries multiply", middleware.Chain(middleware.Retry(2), middleware.Retry(3)), 1*s + 2*3*s},
 		{"huge policies saturate", middleware.Retry(math.MaxInt, middleware.WithMaxInterval(time.Duration(math.MaxInt64/2))), math.MaxInt64},
 		{"a middleware that never calls next hides the retries", middleware.Chain(shortCircuit, middleware.Retry(5)), 0},
+		{"constant waits, computed not looped", middleware.Retry(math.MaxInt32, middleware.WithMultiplier(1), middleware.WithInitialInterval(time.Millisecond)), time.Duration(math.MaxInt32-1) * time.Millisecond},
+		{"growth that never reaches the cap", middleware.Retry(4, middleware.WithMultiplier(1.5), middleware.WithMaxInterval(time.Hour)), 1*s + 1500*time.Millisecond + 2250*time.Millisecond},
+		{"initial at the cap", middleware.Retry(3, middleware.WithInitialInterval(5*s), middleware.WithMaxInterval(5*s)), 10 * s},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -44,6 +47,12 @@ func TestWorstCaseWait(t *testing.T) {
 			}
 		})
 	}
+	// A middleware below Recover that rejects the probe's empty delivery must
+	// not make the probe reach the recoverer.
+	validate := func(middleware.Handler) middleware.Handler {
+		return func(context.Context, *amqp.Delivery) error { return errBoom }
+	}
+	_ = middleware.WorstCaseWait(middleware.Chain(middleware.Retry(3), middleware.Recover(r), validate))
 	if r.Calls() != 0 || hooked != 0 {
 		t.Errorf("the probe recovered %d and hooked %d times, want neither", r.Calls(), hooked)
 	}
