@@ -14,6 +14,9 @@ import (
 // result is then checked with amqp.Table.Validate. t itself is never
 // modified; when nothing needs changing, t is returned as is.
 func Normalize(t amqp.Table) (amqp.Table, error) {
+	if err := checkShape(t, 0); err != nil {
+		return nil, err
+	}
 	out, _, err := normalizeTable(t)
 	if err != nil {
 		return nil, err
@@ -127,4 +130,87 @@ func FieldSize(v any) int {
 		return n
 	}
 	return 0
+}
+
+// MaxDepth bounds how deeply tables and arrays may nest in headers; deeper
+// is refused, which also catches a table that contains itself (amqp091 would
+// recurse until the stack overflows).
+const MaxDepth = 32
+
+// MaxShortString is the longest AMQP short string: header names, exchange and
+// routing key, and the string properties.
+const MaxShortString = 255
+
+// checkShape refuses header names longer than a short string and nesting
+// deeper than MaxDepth.
+func checkShape(v any, depth int) error {
+	if depth > MaxDepth {
+		return fmt.Errorf("headers nest deeper than %d levels (does a table contain itself?)", MaxDepth)
+	}
+	switch x := v.(type) {
+	case amqp.Table:
+		for k, e := range x {
+			if len(k) > MaxShortString {
+				return fmt.Errorf("header name %.40q… is %d bytes, over AMQP's limit of %d", k, len(k), MaxShortString)
+			}
+			if err := checkShape(e, depth+1); err != nil {
+				return err
+			}
+		}
+	case map[string]any:
+		return checkShape(amqp.Table(x), depth)
+	case []any:
+		for _, e := range x {
+			if err := checkShape(e, depth+1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// FrameOverhead is what a content header frame spends besides the property
+// list: the frame's type, channel, size and end octets (8) and the class,
+// weight, body size and property flags (14).
+const FrameOverhead = 22
+
+// PropertiesSize is the encoded size of a message's property list, headers
+// included, as amqp091 writes it: a content header frame holds it whole, so
+// it must not exceed frame_max - FrameOverhead.
+func PropertiesSize(p amqp.Publishing) int {
+	n := 0
+	for _, s := range []string{p.ContentType, p.ContentEncoding, p.CorrelationId, p.ReplyTo,
+		p.Expiration, p.MessageId, p.Type, p.UserId, p.AppId} {
+		if s != "" {
+			n += 1 + len(s)
+		}
+	}
+	if len(p.Headers) > 0 {
+		n += Size(p.Headers)
+	}
+	if p.DeliveryMode > 0 {
+		n++
+	}
+	if p.Priority > 0 {
+		n++
+	}
+	if !p.Timestamp.IsZero() {
+		n += 8
+	}
+	return n
+}
+
+// CheckShortStrings reports the first string property longer than an AMQP
+// short string; amqp091 would fail to encode it and close the connection.
+func CheckShortStrings(p amqp.Publishing) error {
+	for _, f := range []struct{ name, value string }{
+		{"content-type", p.ContentType}, {"content-encoding", p.ContentEncoding},
+		{"correlation-id", p.CorrelationId}, {"reply-to", p.ReplyTo}, {"expiration", p.Expiration},
+		{"message-id", p.MessageId}, {"type", p.Type}, {"user-id", p.UserId}, {"app-id", p.AppId},
+	} {
+		if len(f.value) > MaxShortString {
+			return fmt.Errorf("property %s is %d bytes, over AMQP's limit of %d", f.name, len(f.value), MaxShortString)
+		}
+	}
+	return nil
 }

@@ -118,3 +118,42 @@ func TestSize(t *testing.T) {
 		t.Errorf("Size of a 10000-byte string = %d", got)
 	}
 }
+
+func TestNormalizeRefusesBadShapes(t *testing.T) {
+	cyclic := amqp.Table{}
+	cyclic["self"] = cyclic
+	deep := amqp.Table{}
+	for range amqptable.MaxDepth + 2 {
+		deep = amqp.Table{"d": deep}
+	}
+	for name, table := range map[string]amqp.Table{
+		"cycle":            cyclic,
+		"too deep":         deep,
+		"long name":        {strings.Repeat("k", 256): "v"},
+		"long name inside": {"t": amqp.Table{strings.Repeat("k", 300): 1}},
+	} {
+		if _, err := amqptable.Normalize(table); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := amqptable.Normalize(amqp.Table{strings.Repeat("k", 255): "v"}); err != nil {
+		t.Errorf("a 255-byte name is allowed: %v", err)
+	}
+}
+
+func TestPropertiesSize(t *testing.T) {
+	p := amqp.Publishing{
+		ContentType: "application/json", MessageId: "m1", DeliveryMode: 2, Priority: 1,
+		Timestamp: time.Unix(1, 0), Headers: amqp.Table{"k": "v"},
+	}
+	want := (1 + 16) + (1 + 2) + 1 + 1 + 8 + amqptable.Size(p.Headers)
+	if got := amqptable.PropertiesSize(p); got != want {
+		t.Errorf("PropertiesSize = %d, want %d", got, want)
+	}
+	if amqptable.PropertiesSize(amqp.Publishing{Headers: amqp.Table{}}) != 0 {
+		t.Error("an empty table is not written")
+	}
+	if err := amqptable.CheckShortStrings(amqp.Publishing{MessageId: strings.Repeat("x", 256)}); err == nil || !strings.Contains(err.Error(), "message-id") {
+		t.Errorf("CheckShortStrings = %v", err)
+	}
+}

@@ -43,11 +43,18 @@ func Redact(raw string) string {
 func Parse(raw string) (amqp.URI, error) {
 	uri, err := amqp.ParseURI(raw)
 	if err != nil {
-		var uerr *url.Error
-		if errors.As(err, &uerr) {
-			err = uerr.Err // url.Error repeats the whole URL, password included
+		// Parsers quote what they could not read (a port, an escape), and that
+		// can be a piece of the password: say what is wrong in our own words.
+		why := "it does not parse; percent-encode reserved characters such as / @ : ? # in the user name and password"
+		switch {
+		case strings.HasPrefix(err.Error(), "AMQP scheme"):
+			why = "the scheme must be amqp:// or amqps://"
+		case strings.Contains(err.Error(), "whitespace"):
+			why = "it must not contain whitespace"
+		case !errors.As(err, new(*url.Error)) && strings.Contains(err.Error(), " is not "):
+			why = "a query parameter (heartbeat, connection_timeout, channel_max) has an invalid value"
 		}
-		return amqp.URI{}, fmt.Errorf("invalid AMQP URL %q: %v (want amqp://user:password@host:port/vhost or amqps://...)", Redact(raw), err)
+		return amqp.URI{}, fmt.Errorf("invalid AMQP URL %q: %s (want amqp://user:password@host:port/vhost or amqps://...)", Redact(raw), why)
 	}
 	return uri, nil
 }

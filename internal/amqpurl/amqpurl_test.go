@@ -36,13 +36,16 @@ func TestParseErrorsHidePasswords(t *testing.T) {
 		"amqp://app:topsecret@host:bad/",
 		"http://app:topsecret@host/",
 		"amqp://app:topsecret@host/ with space",
+		"amqp://app:topsecret/x@host/",  // url.Parse quotes ":topsecret" as a bad port
+		"amqp://app:top%zzsecret@host/", // and a bad escape as "%zz"
+		"amqp://app:topsecret@host/?heartbeat=often",
 	} {
 		_, err := amqpurl.Parse(raw)
 		if err == nil {
 			t.Errorf("Parse(%q) succeeded, want an error", raw)
 			continue
 		}
-		if strings.Contains(err.Error(), "topsecret") {
+		if strings.Contains(err.Error(), "topsecret") || strings.Contains(err.Error(), "secret") {
 			t.Errorf("Parse(%q) error leaks the password: %v", raw, err)
 		}
 	}

@@ -227,3 +227,11 @@ func CloseConnections(t testing.TB, name string) int {
 	}
 	return closed
 }
+
+// QueueExists reports whether the queue exists, without failing the test.
+func QueueExists(t testing.TB, name string) bool {
+	t.Helper()
+	ch := Channel(t, Dial(t))
+	_, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	return err == nil
+}

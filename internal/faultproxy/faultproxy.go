@@ -18,8 +18,10 @@ type Proxy struct {
 	latency   atomic.Int64 // nanoseconds added before each forwarded write
 	accepted  atomic.Int64
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	done   chan struct{} // closed by Close
 
 	wg sync.WaitGroup
 }
@@ -30,7 +32,7 @@ func Start(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -65,8 +67,10 @@ func (p *Proxy) CutAll() {
 // Refuse makes new connections close at once (true) or go through (false).
 func (p *Proxy) Refuse(on bool) { p.refuse.Store(on) }
 
-// Blackhole drops all traffic in both directions without closing anything
-// (true), as a broker that hangs or a partitioned network would.
+// Blackhole stops all traffic in both directions without closing anything
+// (true), as a broker that hangs or a partitioned network would: the proxy
+// stops reading, so the peers' writes back up in TCP buffers. Turning it off
+// delivers what was held, in order, as a healed partition would.
 func (p *Proxy) Blackhole(on bool) { p.blackhole.Store(on) }
 
 // SetLatency delays every forwarded chunk by d.
@@ -75,6 +79,12 @@ func (p *Proxy) SetLatency(d time.Duration) { p.latency.Store(int64(d)) }
 // Close stops listening, cuts every connection and waits for the proxy's
 // goroutines to end.
 func (p *Proxy) Close() {
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		close(p.done)
+	}
+	p.mu.Unlock()
 	_ = p.ln.Close()
 	p.CutAll()
 	p.wg.Wait()
@@ -97,19 +107,27 @@ func (p *Proxy) accept() {
 			_ = client.Close()
 			continue
 		}
-		p.track(client, server)
+		if !p.track(client, server) {
+			_ = client.Close()
+			_ = server.Close()
+			return // accepted while closing
+		}
 		p.wg.Add(2)
 		go p.pipe(server, client)
 		go p.pipe(client, server)
 	}
 }
 
-func (p *Proxy) track(conns ...net.Conn) {
+func (p *Proxy) track(conns ...net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
 	for _, c := range conns {
 		p.conns[c] = struct{}{}
 	}
+	return true
 }
 
 func (p *Proxy) untrack(c net.Conn) {
@@ -130,8 +148,14 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 	}()
 	buf := make([]byte, 32*1024)
 	for {
+		if !p.holdWhileBlackholed() {
+			return
+		}
 		n, err := src.Read(buf)
-		if n > 0 && !p.blackhole.Load() {
+		if n > 0 {
+			if !p.holdWhileBlackholed() {
+				return
+			}
 			if d := time.Duration(p.latency.Load()); d > 0 {
 				time.Sleep(d)
 			}
@@ -143,4 +167,17 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			return // EOF, or the other side closed
 		}
 	}
+}
+
+// holdWhileBlackholed waits while the black hole is on; false when the proxy
+// closes meanwhile.
+func (p *Proxy) holdWhileBlackholed() bool {
+	for p.blackhole.Load() {
+		select {
+		case <-p.done:
+			return false
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return true
 }

@@ -76,6 +76,12 @@ func TestProxyFaults(t *testing.T) {
 		t.Fatal("black hole: the reply came through")
 	}
 	p.Blackhole(false)
+	// The held request reaches the server once the partition heals, and its
+	// reply arrives intact.
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "ping\n" {
+		t.Fatalf("after the black hole: %q, %v; want the held reply", got, err)
+	}
 
 	p.SetLatency(200 * time.Millisecond)
 	c2, _ := net.Dial("tcp", p.Addr())
