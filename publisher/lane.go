@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -23,15 +24,21 @@ import (
 // messages are in flight, all of them are failed as unroutable (the callers
 // publish again) rather than risk reporting a returned one as confirmed.
 //
-// Locks: pubMu serialises sends so that the lane's count of published
-// messages equals the channel's delivery tags; mu guards the pending map and
-// is never held while calling amqp091, so the reader goroutine can always
-// hand a confirm to the watcher.
+// Returns are read from a buffered channel and drained before each confirm
+// is settled: amqp091 drops a notification that waits more than 5s, and a
+// dropped return would turn an unroutable message into a confirmed one.
+//
+// Locks: sendSlot serialises sends so that the lane's count of published
+// messages equals the channel's delivery tags; it is a channel so that a
+// publish queued behind a send stuck in a socket write can still give up when
+// its context ends. mu guards the pending map and is never held while calling
+// amqp091.
 type lane struct {
 	ch *amqp.Channel
 
-	pubMu     sync.Mutex
-	published uint64 // delivery tag of the last message sent
+	sendSlot     chan struct{} // a lock that waiters can give up on: see send
+	published    uint64        // delivery tag of the last message sent; guarded by sendSlot
+	sendingSince atomic.Int64  // unix nanos when the send in progress began, or 0
 
 	mu      sync.Mutex
 	pending map[uint64]*inflight
@@ -46,6 +53,7 @@ type inflight struct {
 	body          []byte
 	messageID     string
 	correlationID string
+	userID        string
 	returned      *amqp.Return
 	result        chan error // receives exactly one outcome
 }
@@ -56,14 +64,21 @@ func (f *inflight) matches(r *amqp.Return) bool {
 }
 
 // errLaneLost: the lane's channel closed before the message was confirmed;
-// Publish tries again on another lane. cause is the channel's close error.
-type errLaneLost struct{ cause *amqp.Error }
+// Publish tries again on another lane. cause is the channel's close error,
+// if any; sendErr the error of a send that failed.
+type errLaneLost struct {
+	cause   *amqp.Error
+	sendErr error
+}
 
 func (e *errLaneLost) Error() string {
-	if e.cause == nil {
-		return "channel closed before the confirm"
+	switch {
+	case e.sendErr != nil:
+		return fmt.Sprintf("sending failed: %v", e.sendErr)
+	case e.cause != nil:
+		return fmt.Sprintf("channel closed before the confirm: %v", e.cause)
 	}
-	return fmt.Sprintf("channel closed before the confirm: %v", e.cause)
+	return "channel closed before the confirm"
 }
 
 // openLane opens a confirm channel; when it closes, the lane reports itself
@@ -77,10 +92,9 @@ func openLane(conn *amqp.Connection, died chan<- *lane) (*lane, error) {
 		_ = ch.Close()
 		return nil, err
 	}
-	l := &lane{ch: ch, pending: make(map[uint64]*inflight), done: make(chan struct{})}
-	// Unbuffered on purpose: see the type's comment.
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation))
-	returns := ch.NotifyReturn(make(chan amqp.Return))
+	l := &lane{ch: ch, pending: make(map[uint64]*inflight), done: make(chan struct{}), sendSlot: make(chan struct{}, 1)}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 256))
+	returns := ch.NotifyReturn(make(chan amqp.Return, 1024))
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
 		l.watch(confirms, returns, closes)
@@ -92,14 +106,18 @@ func openLane(conn *amqp.Connection, died chan<- *lane) (*lane, error) {
 
 // send publishes msg and registers it before the broker can answer.
 func (l *lane) send(ctx context.Context, exchange, key string, msg *amqp.Publishing) (*inflight, error) {
-	l.pubMu.Lock()
-	defer l.pubMu.Unlock()
+	select {
+	case l.sendSlot <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-l.sendSlot }()
 
 	tag := l.published + 1
 	f := &inflight{
 		tag:      tag,
 		exchange: exchange, key: key, body: msg.Body,
-		messageID: msg.MessageId, correlationID: msg.CorrelationId,
+		messageID: msg.MessageId, correlationID: msg.CorrelationId, userID: msg.UserId,
 		result: make(chan error, 1),
 	}
 	l.mu.Lock()
@@ -110,15 +128,31 @@ func (l *lane) send(ctx context.Context, exchange, key string, msg *amqp.Publish
 	l.pending[tag] = f
 	l.mu.Unlock()
 
-	if err := l.ch.PublishWithContext(ctx, exchange, key, true, false, *msg); err != nil {
+	l.sendingSince.Store(time.Now().UnixNano())
+	err := l.ch.PublishWithContext(ctx, exchange, key, true, false, *msg)
+	l.sendingSince.Store(0)
+	if err != nil {
 		l.forget(tag)
-		if errors.Is(err, amqp.ErrClosed) {
-			return nil, &errLaneLost{}
+		if ctx.Err() != nil {
+			return nil, ctx.Err() // checked before sending: nothing went out
 		}
-		return nil, err
+		if errors.Is(err, amqp.ErrClosed) {
+			return nil, &errLaneLost{} // it closed before we wrote: nothing went out
+		}
+		// The message is valid (Publish checked it), so the connection
+		// failed under the send.
+		return nil, &errLaneLost{sendErr: err}
 	}
 	l.published = tag
 	return f, nil
+}
+
+// stalledFor is how long the send in progress has been stuck, or 0.
+func (l *lane) stalledFor(now time.Time) time.Duration {
+	if since := l.sendingSince.Load(); since != 0 {
+		return now.Sub(time.Unix(0, since))
+	}
+	return 0
 }
 
 // forget drops a publish whose caller stopped waiting; a late confirm is
@@ -147,6 +181,9 @@ func (l *lane) watch(confirms <-chan amqp.Confirmation, returns <-chan amqp.Retu
 				confirms = nil
 				continue
 			}
+			// The broker sent any return for this message before its ack, and
+			// amqp091 queued it before the confirm: take it first.
+			l.drainReturns(returns)
 			l.settle(c)
 		case r, ok := <-returns:
 			if !ok {
@@ -163,6 +200,20 @@ func (l *lane) watch(confirms <-chan amqp.Confirmation, returns <-chan amqp.Retu
 		}
 	}
 	l.die(closeErr)
+}
+
+func (l *lane) drainReturns(returns <-chan amqp.Return) {
+	for {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				return
+			}
+			l.markReturned(&r)
+		default:
+			return
+		}
+	}
 }
 
 func (l *lane) settle(c amqp.Confirmation) {
@@ -193,8 +244,9 @@ func (l *lane) markReturned(r *amqp.Return) {
 	}
 }
 
-// die fails every publish still waiting. A 404 naming a pending message's
-// exchange is that message's own fault; the others were lost with the
+// die fails every publish still waiting. An exception the broker's text
+// attributes to a pending message (a 404 naming its exchange, a 406 naming
+// its user-id) is that message's own failure; the others were lost with the
 // channel and are published again by their callers.
 func (l *lane) die(closeErr *amqp.Error) {
 	l.mu.Lock()
@@ -202,11 +254,16 @@ func (l *lane) die(closeErr *amqp.Error) {
 	l.dead.Store(true)
 	for tag, f := range l.pending {
 		delete(l.pending, tag)
-		if closeErr != nil && closeErr.Code == amqp.NotFound && strings.Contains(closeErr.Reason, "exchange '"+f.exchange+"'") {
+		switch {
+		case closeErr == nil:
+			f.result <- &errLaneLost{}
+		case closeErr.Code == amqp.NotFound && strings.Contains(closeErr.Reason, "exchange '"+f.exchange+"'"):
 			f.result <- &ExchangeNotFoundError{Exchange: f.exchange, Reason: closeErr.Reason}
-			continue
+		case closeErr.Code == amqp.PreconditionFailed && f.userID != "" && strings.Contains(closeErr.Reason, "user_id property set to '"+f.userID+"'"):
+			f.result <- &ChannelError{Exchange: f.exchange, Code: closeErr.Code, Reason: closeErr.Reason}
+		default:
+			f.result <- &errLaneLost{cause: closeErr}
 		}
-		f.result <- &errLaneLost{cause: closeErr}
 	}
 }
 

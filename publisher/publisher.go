@@ -13,6 +13,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqptable"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
 )
@@ -44,6 +45,7 @@ type Publisher struct {
 // when it is replaced, waking publishes that found no lane.
 type laneSet struct {
 	lanes   []*lane
+	blocked bool // the broker sent connection.blocked: do not write
 	changed chan struct{}
 }
 
@@ -81,9 +83,9 @@ func New(url string, opts ...Option) (*Publisher, error) {
 		return nil, fmt.Errorf("publisher: cannot connect to %s: %w", p.redacted, err)
 	}
 	died := make(chan *lane, cfg.channels)
-	lanes, err := openLanes(conn, cfg.channels, died)
+	lanes, err := openLanes(conn.Connection, cfg.channels, died)
 	if err != nil {
-		_ = conn.Close()
+		conn.Abandon()
 		return nil, fmt.Errorf("publisher: cannot open confirm channels on %s: %w", p.redacted, err)
 	}
 	p.wg.Add(1)
@@ -99,17 +101,15 @@ func New(url string, opts ...Option) (*Publisher, error) {
 // then, until ctx ends; a message lost with its channel is published again.
 // See the package documentation for what an error does and does not mean.
 func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
-	headers, err := amqptable.Normalize(msg.Headers)
-	if err != nil {
-		return fmt.Errorf("publisher: invalid message for exchange %q: %w", exchange, err)
+	if err := p.check(exchange, key, &msg); err != nil {
+		return err
 	}
-	msg.Headers = headers
 	if !p.enter() {
 		return ErrClosed
 	}
 	defer p.leave()
 
-	exceptions := 0
+	exceptions, sendFailures := 0, 0
 	for {
 		l, err := p.pickLane(ctx, exchange, key)
 		if err != nil {
@@ -123,20 +123,61 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 		switch {
 		case err == nil:
 			return nil
+		case ctx.Err() != nil:
+			return &notConfirmedError{exchange: exchange, key: key, cause: ctx.Err()}
 		case errors.As(err, &lost):
-			// Lost with its channel: publish again, on a new channel if need be.
-			// A channel exception may be this message's own doing: allow it once.
+			// Lost with its channel: publish again, on a new channel if need
+			// be. Exceptions nobody could be blamed for, and failing sends, are
+			// allowed a few times before this message is suspected.
 			if isChannelException(lost.cause) {
-				if exceptions++; exceptions > 1 {
+				if exceptions++; exceptions > maxUnattributedExceptions {
 					return &ChannelError{Exchange: exchange, Code: lost.cause.Code, Reason: lost.cause.Reason}
 				}
 			}
-		case ctx.Err() != nil:
-			return &notConfirmedError{exchange: exchange, key: key, cause: ctx.Err()}
+			if lost.sendErr != nil {
+				if sendFailures++; sendFailures > maxSendFailures {
+					return &notConfirmedError{exchange: exchange, key: key, cause: lost.sendErr}
+				}
+			}
 		default:
 			return err
 		}
 	}
+}
+
+// How often one message may see its channel closed by an exception the
+// broker's text does not pin on anyone, or see a send fail, before Publish
+// gives up on it.
+const (
+	maxUnattributedExceptions = 5
+	maxSendFailures           = 3
+)
+
+// ErrInvalidMessage: the message cannot be sent as it is; nothing was sent.
+var ErrInvalidMessage = errors.New("publisher: invalid message")
+
+// check refuses what amqp091 cannot encode or the broker cannot take in a
+// frame (either would close the whole connection, with every publish in
+// flight on it), and widens Go ints in the headers.
+func (p *Publisher) check(exchange, key string, msg *amqp.Publishing) error {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w for exchange %q: %s", ErrInvalidMessage, exchange, fmt.Sprintf(format, args...))
+	}
+	if len(exchange) > amqptable.MaxShortString || len(key) > amqptable.MaxShortString {
+		return invalid("exchange and routing key are limited to %d bytes, got %d and %d", amqptable.MaxShortString, len(exchange), len(key))
+	}
+	if err := amqptable.CheckShortStrings(*msg); err != nil {
+		return invalid("%v", err)
+	}
+	headers, err := amqptable.Normalize(msg.Headers)
+	if err != nil {
+		return invalid("%v", err)
+	}
+	msg.Headers = headers
+	if size, limit := amqptable.PropertiesSize(*msg), p.FrameMax()-amqptable.FrameOverhead; p.FrameMax() > 0 && size > limit {
+		return invalid("its properties and headers take %d bytes, more than the %d one frame holds (frame_max %d): make the headers smaller", size, limit, p.FrameMax())
+	}
+	return nil
 }
 
 func (p *Publisher) await(ctx context.Context, l *lane, f *inflight) error {
@@ -154,11 +195,12 @@ func (p *Publisher) await(ctx context.Context, l *lane, f *inflight) error {
 	}
 }
 
-// pickLane returns a live lane, waiting for one during an outage.
+// pickLane returns a live lane, waiting for one during an outage or while the
+// broker blocks publishing (a memory or disk alarm).
 func (p *Publisher) pickLane(ctx context.Context, exchange, key string) (*lane, error) {
 	for {
 		set := p.lanes.Load()
-		if n := len(set.lanes); n > 0 {
+		if n := len(set.lanes); n > 0 && !set.blocked {
 			start := int(p.next.Add(1))
 			for i := range n {
 				if l := set.lanes[(start+i)%n]; l.alive() {
@@ -229,16 +271,15 @@ func (p *Publisher) leave() {
 	}
 }
 
-func (p *Publisher) dial() (*amqp.Connection, error) {
+func (p *Publisher) dial() (*amqpconn.Conn, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(p.cfg.name)
-	conn, err := amqp.DialConfig(p.url, amqp.Config{
+	conn, err := amqpconn.Dial(p.url, amqp.Config{
 		Heartbeat:       p.cfg.heartbeat,
 		TLSClientConfig: p.cfg.tls,
 		Locale:          "en_US",
-		Dial:            amqp.DefaultDial(p.cfg.dialTimeout),
 		Properties:      props,
-	})
+	}, p.cfg.dialTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -263,7 +304,7 @@ func openLanes(conn *amqp.Connection, n int, died chan<- *lane) ([]*lane, error)
 
 // run owns the connection: it serves one connection until it is lost, then
 // redials with backoff, until Close.
-func (p *Publisher) run(conn *amqp.Connection, lanes []*lane, died chan *lane) {
+func (p *Publisher) run(conn *amqpconn.Conn, lanes []*lane, died chan *lane) {
 	defer p.wg.Done()
 	redial := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(100*time.Millisecond),
@@ -284,7 +325,7 @@ func (p *Publisher) run(conn *amqp.Connection, lanes []*lane, died chan *lane) {
 	}
 }
 
-func (p *Publisher) redial(bo *backoff.ExponentialBackOff) (*amqp.Connection, []*lane, chan *lane) {
+func (p *Publisher) redial(bo *backoff.ExponentialBackOff) (*amqpconn.Conn, []*lane, chan *lane) {
 	bo.Reset()
 	for {
 		timer := time.NewTimer(bo.NextBackOff())
@@ -297,11 +338,11 @@ func (p *Publisher) redial(bo *backoff.ExponentialBackOff) (*amqp.Connection, []
 		conn, err := p.dial()
 		if err == nil {
 			died := make(chan *lane, p.cfg.channels)
-			lanes, lerr := openLanes(conn, p.cfg.channels, died)
+			lanes, lerr := openLanes(conn.Connection, p.cfg.channels, died)
 			if lerr == nil {
 				return conn, lanes, died
 			}
-			_ = conn.Close()
+			conn.Abandon()
 			err = lerr
 		}
 		p.noteLoss(err)
@@ -321,37 +362,58 @@ func (p *Publisher) noteLoss(err error) {
 //
 // Each lane reports its death once on died, which holds one report per lane,
 // so a watcher never blocks on it even after serve has returned.
-func (p *Publisher) serve(conn *amqp.Connection, lanes []*lane, died chan *lane) error {
+func (p *Publisher) serve(conn *amqpconn.Conn, lanes []*lane, died chan *lane) error {
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	p.install(lanes)
+	blockings := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	blocked := false
+	p.install(lanes, blocked)
 	defer func() {
-		p.install(nil)
+		// A write stuck in the socket would keep amqp091's shutdown, and so
+		// the lanes, from ever finishing: close the socket first.
+		conn.Abandon()
+		p.install(nil, false)
 		for _, l := range lanes {
 			l.close()
 		}
 	}()
+	watchdog := time.NewTicker(time.Second)
+	defer watchdog.Stop()
 
 	missing := 0
 	var retry <-chan time.Time
 	for {
 		select {
 		case <-p.closing:
-			_ = conn.Close()
+			_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
 			return nil
 		case err := <-connClosed:
 			if err == nil {
 				return errors.New("connection closed")
 			}
 			return err
+		case b := <-blockings:
+			blocked = b.Active
+			p.cfg.logger.Warn("publisher: the broker blocked or unblocked publishing", "url", p.redacted, "blocked", b.Active, "reason", b.Reason)
+			p.install(lanes, blocked)
+		case now := <-watchdog.C:
+			// A send stuck in a socket write for two heartbeats means the
+			// connection is dead in all but name: close it, which frees the
+			// writer, and redial.
+			for _, l := range lanes {
+				if stall := l.stalledFor(now); stall > 2*p.cfg.heartbeat && !blocked {
+					p.cfg.logger.Warn("publisher: a write has been stuck; closing the connection", "url", p.redacted, "stuck_for", stall)
+					return fmt.Errorf("a write was stuck for %v", stall)
+				}
+			}
 		case dead := <-died:
 			lanes = slices.DeleteFunc(lanes, func(l *lane) bool { return l == dead })
 			missing++
-			p.install(lanes)
+			p.install(lanes, blocked)
 		case <-retry:
 			retry = nil
 		}
 		for ; missing > 0 && !conn.IsClosed(); missing-- {
-			l, err := openLane(conn, died)
+			l, err := openLane(conn.Connection, died)
 			if err != nil {
 				p.cfg.logger.Warn("publisher: cannot reopen a confirm channel; retrying", "url", p.redacted, "error", err)
 				if retry == nil {
@@ -360,15 +422,15 @@ func (p *Publisher) serve(conn *amqp.Connection, lanes []*lane, died chan *lane)
 				break
 			}
 			lanes = append(lanes, l)
-			p.install(lanes)
+			p.install(lanes, blocked)
 		}
 	}
 }
 
 // install publishes a new snapshot of the usable lanes and wakes publishes
 // waiting for one.
-func (p *Publisher) install(lanes []*lane) {
-	next := &laneSet{lanes: slices.Clone(lanes), changed: make(chan struct{})}
+func (p *Publisher) install(lanes []*lane, blocked bool) {
+	next := &laneSet{lanes: slices.Clone(lanes), blocked: blocked, changed: make(chan struct{})}
 	old := p.lanes.Swap(next)
 	close(old.changed)
 }
