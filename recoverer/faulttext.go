@@ -18,30 +18,47 @@ func StackTrace(err error) string {
 	if errors.As(err, &pe) {
 		return fmt.Sprintf("panic: %v\n\n%s", pe.Value, pe.Stack)
 	}
-	var b strings.Builder
-	writeChain(&b, err, 0)
-	return b.String()
+	w := chainWriter{}
+	w.write(err, 0)
+	return w.b.String()
 }
 
-const maxChainDepth = 32
-const maxChainLine = 1000 // x-exception-message carries the whole message
+// Bounds on the rendering of an error chain: errors.Join trees can fan out
+// exponentially, and x-exception-message already carries the whole message.
+const (
+	maxChainDepth = 32
+	maxChainNodes = 64
+	maxChainLine  = 1000
+)
 
-func writeChain(b *strings.Builder, err error, depth int) {
+type chainWriter struct {
+	b     strings.Builder
+	nodes int
+}
+
+func (w *chainWriter) write(err error, depth int) {
 	if err == nil || depth >= maxChainDepth {
+		return
+	}
+	if w.nodes++; w.nodes > maxChainNodes {
+		if w.nodes == maxChainNodes+1 {
+			fmt.Fprintf(&w.b, "%s… (more wrapped errors omitted)\n", strings.Repeat("  ", depth))
+		}
 		return
 	}
 	line := ErrorString(err)
 	if len(line) > maxChainLine {
 		line = cut(line, maxChainLine)
 	}
-	fmt.Fprintf(b, "%s%T: %s\n", strings.Repeat("  ", depth), err, line)
+	line = strings.ReplaceAll(line, "\n", " | ") // one line per error (errors.Join uses newlines)
+	fmt.Fprintf(&w.b, "%s%T: %s\n", strings.Repeat("  ", depth), err, line)
 	switch u := err.(type) {
 	case interface{ Unwrap() []error }:
 		for _, e := range u.Unwrap() {
-			writeChain(b, e, depth+1)
+			w.write(e, depth+1)
 		}
 	case interface{ Unwrap() error }:
-		writeChain(b, u.Unwrap(), depth+1)
+		w.write(u.Unwrap(), depth+1)
 	}
 }
 

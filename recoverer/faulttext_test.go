@@ -98,7 +98,7 @@ func (panickyError) Error() string { panic("Error() is broken") }
 func TestErrorDescriptions(t *testing.T) {
 	wrapped := fmt.Errorf("handle order 7: %w", errors.New("db down"))
 	exhausted := &middleware.RetriesExhaustedError{Attempts: 5, Last: middleware.Permanent(wrapped)}
-	if got := HandlerError(exhausted); got != wrapped {
+	if got := middleware.HandlerError(exhausted); got != wrapped {
 		t.Errorf("HandlerError = %v, want the handler's own error", got)
 	}
 	if got := ErrorType(exhausted); got != "*fmt.wrapError" {
@@ -120,5 +120,16 @@ func TestErrorDescriptions(t *testing.T) {
 	}
 	if got := ErrorString(errors.New("bad \xff byte")); !utf8.ValidString(got) {
 		t.Errorf("ErrorString kept invalid UTF-8: %q", got)
+	}
+}
+
+func TestStackTraceOfAnExplodingJoinIsBounded(t *testing.T) {
+	err := errors.New("leaf")
+	for range 12 { // 2^12 leaves
+		err = errors.Join(err, err)
+	}
+	st := StackTrace(err)
+	if n := strings.Count(st, "\n"); n > maxChainNodes+1 || !strings.Contains(st, "more wrapped errors omitted") {
+		t.Fatalf("%d lines: the chain must be cut at %d nodes", n, maxChainNodes)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/amqptable"
@@ -78,7 +77,16 @@ func Republish(pub *publisher.Publisher, exchange, routingKey string, opts ...Op
 		panic(err.Error())
 	}
 	host, _ := os.Hostname()
-	return &Republisher{pub: pub, exchange: exchange, routingKey: routingKey, cfg: cfg, host: host}
+	r := &Republisher{pub: pub, exchange: exchange, routingKey: routingKey, cfg: cfg, host: host}
+	if room := r.frameMax() - cfg.headroom; room < minHeaderRoom {
+		panic(fmt.Sprintf("recoverer: WithHeadroom(%d) leaves %d bytes of the broker's frame_max (%d) for headers; leave at least %d",
+			cfg.headroom, room, r.frameMax(), minHeaderRoom))
+	}
+	if len(exchange) > amqptable.MaxShortString || len(routingKey) > amqptable.MaxShortString {
+		panic(fmt.Sprintf("recoverer: Republish expects an exchange and routing key of at most %d bytes, got %d and %d",
+			amqptable.MaxShortString, len(exchange), len(routingKey)))
+	}
+	return r
 }
 
 // Recover publishes the annotated copy and returns nil once the broker has
@@ -118,12 +126,16 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	for _, k := range brokerHeaders {
 		delete(headers, k)
 	}
+	// A message that failed before carries the old fault text; it is replaced,
+	// and must not be counted against the budget twice.
+	delete(headers, HeaderExceptionMessage)
+	delete(headers, HeaderExceptionStacktrace)
 	if r.cfg.extra != nil {
 		for k, v := range r.cfg.extra(ctx, d, cause) {
 			headers[k] = v
 		}
 	}
-	handlerErr := HandlerError(cause)
+	handlerErr := middleware.HandlerError(cause)
 	p := r.cfg.prefix
 	headers[HeaderOriginalExchange] = d.Exchange
 	headers[HeaderOriginalRoutingKey] = d.RoutingKey
@@ -163,7 +175,7 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	if r.cfg.stackTrace {
 		stack = StackTrace(cause)
 	}
-	message, stack, err := fitFaultText(r.budget()-amqptable.Size(headers), ErrorString(handlerErr), stack, r.cfg.stackTrace)
+	message, stack, err := fitFaultText(r.headerBudget(msg)-amqptable.Size(headers), ErrorString(handlerErr), stack, r.cfg.stackTrace)
 	if err != nil {
 		return amqp.Publishing{}, err
 	}
@@ -175,35 +187,29 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	return msg, nil
 }
 
-// budget is the room for all headers: frame_max minus the headroom.
-func (r *Republisher) budget() int {
-	frameMax := r.pub.FrameMax()
-	if frameMax <= 0 {
-		frameMax = 131072 // RabbitMQ's default
-	}
-	return frameMax - r.cfg.headroom
+// headerBudget is the room for the whole header table: frame_max minus the
+// headroom, and never more than what the frame has left after msg's other
+// properties (headers are not counted from msg).
+func (r *Republisher) headerBudget(msg amqp.Publishing) int {
+	frameMax := r.frameMax()
+	msg.Headers = nil
+	exact := frameMax - amqptable.FrameOverhead - amqptable.PropertiesSize(msg)
+	return min(frameMax-r.cfg.headroom, exact)
 }
 
-// HandlerError strips the library's own wrappers (retries exhausted,
-// permanent) to reach the error the handler returned.
-func HandlerError(err error) error {
-	for {
-		switch e := err.(type) {
-		case *middleware.RetriesExhaustedError:
-			err = e.Last
-		case *middleware.PermanentError:
-			err = e.Err
-		case *backoff.PermanentError:
-			err = e.Err
-		default:
-			return err
-		}
+func (r *Republisher) frameMax() int {
+	if fm := r.pub.FrameMax(); fm > 0 {
+		return fm
 	}
+	return 131072 // RabbitMQ's default
 }
+
+// minHeaderRoom is the least a headroom may leave for headers.
+const minHeaderRoom = 4096
 
 // ErrorType names the Go type of the handler's error, or "panic".
 func ErrorType(err error) string {
-	err = HandlerError(err)
+	err = middleware.HandlerError(err)
 	var pe *middleware.PanicError
 	if errors.As(err, &pe) {
 		return "panic"
@@ -211,12 +217,11 @@ func ErrorType(err error) string {
 	return fmt.Sprintf("%T", err)
 }
 
-// Attempts is the number of attempts made: from a RetriesExhaustedError when
-// Recover sits outside Retry, else from the attempt in progress.
+// Attempts is the number of attempts made: from Retry's error when Recover
+// sits outside Retry, else from the attempt in progress.
 func Attempts(ctx context.Context, cause error) int {
-	var ex *middleware.RetriesExhaustedError
-	if errors.As(cause, &ex) {
-		return ex.Attempts
+	if n, ok := middleware.Attempts(cause); ok {
+		return n
 	}
 	return middleware.Attempt(ctx)
 }

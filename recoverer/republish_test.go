@@ -333,3 +333,55 @@ func TestExtraHeadersAndPrefix(t *testing.T) {
 		t.Error("default prefix used despite WithHeaderPrefix")
 	}
 }
+
+// Headroom 0 uses the frame to the last byte the other properties leave.
+func TestZeroHeadroomFitsTheFrameExactly(t *testing.T) {
+	work, dlx, dlq := topology(t)
+	pub := newPublisher(t, brokertest.URL())
+	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x"), MessageId: "m", ContentType: "text/plain"})
+	rep := recoverer.Republish(pub, dlx, "", recoverer.WithHeadroom(0))
+	s, err := handleOne(t, work, middleware.Recover(rep), failing(errors.New(strings.Repeat("y", 200_000))))
+	if s != middleware.Ack {
+		t.Fatalf("settled %v (%v): with headroom 0 the copy must still fit", s, err)
+	}
+	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
+	if !ok {
+		t.Fatal("nothing on the DLQ")
+	}
+	props := amqp.Publishing{Headers: d.Headers, MessageId: d.MessageId, ContentType: d.ContentType, DeliveryMode: d.DeliveryMode}
+	if used, limit := amqptable.PropertiesSize(props), pub.FrameMax()-amqptable.FrameOverhead; used > limit || used < limit-100 {
+		t.Errorf("properties take %d bytes; the frame allows %d and the headers should fill it", used, limit)
+	}
+}
+
+// A dead letter replayed and failing again carries its old fault text: it
+// is replaced, not counted on top of the new one.
+func TestRefailedMessageIsRepublished(t *testing.T) {
+	work, dlx, dlq := topology(t)
+	pub := newPublisher(t, brokertest.URL())
+	rep := recoverer.Republish(pub, dlx, "")
+	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x")})
+	if s, err := handleOne(t, work, middleware.Recover(rep), failing(errors.New(strings.Repeat("a", 500_000)))); s != middleware.Ack {
+		t.Fatalf("first failure: %v (%v)", s, err)
+	}
+	first, _ := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
+	brokertest.Publish(t, work, amqp.Publishing{Body: first.Body, Headers: first.Headers}) // replayed as is
+	if s, err := handleOne(t, work, middleware.Recover(rep), failing(errors.New(strings.Repeat("b", 500_000)))); s != middleware.Ack {
+		t.Fatalf("second failure: %v (%v)", s, err)
+	}
+	second, _ := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
+	if msg, _ := second.Headers["x-exception-message"].(string); !strings.HasPrefix(msg, "bbb") {
+		t.Errorf("the new failure's message should replace the old one, got %.20q", msg)
+	}
+}
+
+func TestHeadroomMustLeaveRoom(t *testing.T) {
+	pub := newPublisher(t, brokertest.URL())
+	defer func() {
+		got, _ := recover().(string)
+		if !strings.Contains(got, "WithHeadroom(130000) leaves 1072 bytes of the broker's frame_max (131072)") {
+			t.Fatalf("panic = %q", got)
+		}
+	}()
+	recoverer.Republish(pub, "x", "", recoverer.WithHeadroom(130000))
+}
