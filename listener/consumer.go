@@ -1,0 +1,302 @@
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+// consumer is one channel with its own prefetch and basic.consume. It runs one
+// handler at a time: the gate around the handler is held while the handler
+// runs and free while a delivery waits between retries.
+type consumer struct {
+	r          *run
+	ch         *amqp.Channel
+	tag        string
+	deliveries <-chan amqp.Delivery
+	ended      chan<- *consumer
+	pending    sync.WaitGroup  // deliveries in flight, on any goroutine
+	ctx        context.Context // for its deliveries: cancelled when the channel dies or handlers time out
+	cancel     context.CancelFunc
+	handle     middleware.Handler // mw(gate(CatchPanics(h)))
+	gate       chan struct{}
+	start      time.Time
+
+	consuming atomic.Bool
+	stopping  atomic.Bool // the listener cancelled it: requeue what still arrives
+
+	inFlight, running, waiting atomic.Int64
+	busyNanos                  atomic.Int64 // handler time of finished calls
+	busySince                  atomic.Int64 // unix nanos when the running call started, or 0
+	calls                      atomic.Uint64
+	lastActive                 atomic.Int64 // unix nanos of the last delivery or finished call
+
+	// the scaler's previous sample
+	sampledBusy  int64
+	sampledCalls uint64
+}
+
+var consumerSeq atomic.Uint64
+
+// startConsumer opens a channel, sets its prefetch and starts consuming.
+// ended receives the consumer once, when it stops without being asked to
+// (broker cancel, channel closed), so that serve can replace it.
+func (r *run) startConsumer(conn *amqp.Connection, ended chan<- *consumer) (*consumer, error) {
+	l := r.l
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Qos(l.cfg.prefetch, 0, false); err != nil {
+		_ = ch.Close()
+		return nil, err
+	}
+	tag := fmt.Sprintf("amqpretry-%d-%d", os.Getpid(), consumerSeq.Add(1))
+	deliveries, err := ch.Consume(l.queue, tag, false, false, false, false, nil)
+	if err != nil {
+		_ = ch.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(r.handlerCtx)
+	c := &consumer{
+		r: r, ch: ch, tag: tag, cancel: cancel,
+		ctx:   middleware.WithQueue(middleware.WithInterrupt(ctx, r.interrupt), l.queue),
+		gate:  make(chan struct{}, 1),
+		start: time.Now(),
+	}
+	c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
+	c.consuming.Store(true)
+	c.lastActive.Store(time.Now().UnixNano())
+	l.mu.Lock()
+	l.consumers[c] = struct{}{}
+	l.mu.Unlock()
+
+	c.deliveries, c.ended = deliveries, ended
+	c.spawnReader()
+	return c, nil
+}
+
+// stop cancels consumption; deliveries in flight finish and settle, and the
+// channel closes after them.
+func (c *consumer) stop() {
+	if c.stopping.CompareAndSwap(false, true) {
+		if err := c.ch.Cancel(c.tag, false); err != nil {
+			c.cancel() // the channel is gone: nothing can be settled any more
+		}
+	}
+}
+
+// A consumer's deliveries are handled on the goroutine that reads them, so
+// a healthy message costs no goroutine of its own. When a delivery parks
+// (middleware.Park: a backoff, a recoverer's publish, a requeue delay), its
+// goroutine hands the reading over to a new one and stays with the delivery.
+// Exactly one goroutine reads at a time.
+
+// delivery is one message in flight; it is the middleware.Parker of its
+// context.
+type delivery struct {
+	amqp.Delivery
+	c      *consumer
+	reader atomic.Bool // its goroutine is still the consumer's reader
+}
+
+// Park hands the reading of deliveries to a new goroutine, once.
+func (dd *delivery) Park() {
+	if dd.reader.CompareAndSwap(true, false) {
+		dd.c.spawnReader()
+	}
+}
+
+func (c *consumer) spawnReader() {
+	c.r.consumers.Add(1)
+	go c.read()
+}
+
+func (c *consumer) read() {
+	defer c.r.consumers.Done()
+	for d := range c.deliveries {
+		if c.stopping.Load() {
+			_ = d.Reject(true) // arrived after we cancelled: back to the queue at once
+			continue
+		}
+		c.inFlight.Add(1)
+		c.pending.Add(1)
+		c.lastActive.Store(time.Now().UnixNano())
+		dd := &delivery{Delivery: d, c: c}
+		dd.reader.Store(true)
+		c.process(dd)
+		if !dd.reader.Load() {
+			return // it parked: another goroutine reads now
+		}
+	}
+	c.finish()
+}
+
+// finish runs once the deliveries channel has closed: it waits for the
+// deliveries still in flight, then closes the channel.
+func (c *consumer) finish() {
+	c.consuming.Store(false)
+	l := c.r.l
+	if !c.stopping.Load() {
+		if c.ch.IsClosed() {
+			l.cfg.logger.Warn("listener: consumer channel closed; its unacked deliveries go back to the queue", "queue", l.queue, "consumer", c.tag)
+		} else {
+			l.cfg.logger.Warn("listener: the broker cancelled a consumer (queue deleted?)", "queue", l.queue, "consumer", c.tag)
+		}
+		c.ended <- c // buffered for every consumer: never blocks
+	}
+	if c.ch.IsClosed() {
+		// Deliveries of a dead channel can never be settled: stop their
+		// handlers and waits now; the broker has requeued them.
+		c.cancel()
+	}
+	c.pending.Wait()
+	c.cancel()
+	_ = c.ch.Close()
+	l.mu.Lock()
+	delete(l.consumers, c)
+	l.mu.Unlock()
+}
+
+// gated is the consumer's worker gate around the handler.
+func (c *consumer) gated(h middleware.Handler) middleware.Handler {
+	return func(ctx context.Context, d *amqp.Delivery) error {
+		c.waiting.Add(1)
+		select {
+		case c.gate <- struct{}{}:
+			c.waiting.Add(-1)
+		case <-ctx.Done():
+			c.waiting.Add(-1)
+			return ctx.Err()
+		case <-c.r.interrupt:
+			c.waiting.Add(-1)
+			return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errors.New("shutting down before the handler ran")}
+		}
+		start := time.Now().UnixNano()
+		c.running.Add(1)
+		c.busySince.Store(start)
+		defer func() {
+			end := time.Now().UnixNano()
+			c.busyNanos.Add(end - start)
+			c.busySince.Store(0)
+			c.calls.Add(1)
+			c.lastActive.Store(end)
+			c.running.Add(-1)
+			<-c.gate
+		}()
+		return h(ctx, d)
+	}
+}
+
+// process runs one delivery through the chain and settles it.
+func (c *consumer) process(dd *delivery) {
+	defer c.pending.Done()
+	defer c.inFlight.Add(-1)
+	l := c.r.l
+	d := &dd.Delivery
+	err := c.call(middleware.WithParker(c.ctx, dd), d)
+	settlement := middleware.SettlementFor(err)
+	if settlement == middleware.Requeue {
+		c.waitBeforeRequeue(dd)
+	}
+	if _, serr := middleware.Settle(d, err); serr != nil {
+		l.cfg.logger.Debug("listener: delivery not settled; its channel is gone and the broker requeues it", "queue", l.queue, "delivery_tag", d.DeliveryTag, "error", serr)
+		return
+	}
+	switch settlement {
+	case middleware.Ack:
+		l.stats.handled.Add(1)
+		return
+	case middleware.Requeue:
+		l.stats.requeued.Add(1)
+	case middleware.Reject:
+		l.stats.rejected.Add(1)
+	}
+	l.stats.failed.Add(1)
+	if !errors.Is(err, middleware.ErrInterrupted) {
+		l.cfg.logger.Warn("listener: message failed", "queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag, "settlement", settlement.String(), "error", err)
+	}
+}
+
+// call runs the chain; a panic in a middleware outside CatchPanics becomes an
+// error too, so one bad message never takes the process down.
+func (c *consumer) call(ctx context.Context, d *amqp.Delivery) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &middleware.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return c.handle(ctx, d)
+}
+
+// waitBeforeRequeue delays the requeue of a message that has failed before
+// (redelivered), so that a poison message without a recoverer does not cycle
+// through the broker as fast as the network allows. Shutdown and channel
+// loss end the wait at once.
+func (c *consumer) waitBeforeRequeue(dd *delivery) {
+	delay := c.r.l.requeueDelay(&dd.Delivery)
+	if delay <= 0 {
+		return
+	}
+	dd.Park()
+	timer := time.NewTimer(delay)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+	case <-c.ctx.Done():
+	case <-c.r.interrupt:
+	}
+}
+
+func (l *Listener) requeueDelay(d *amqp.Delivery) time.Duration {
+	if !d.Redelivered {
+		return 0
+	}
+	delay := l.cfg.requeueDelay
+	if n := deliveryCount(d.Headers); n > 1 {
+		for i := 1; i < n && delay < l.cfg.requeueDelayMax; i++ {
+			delay *= 2
+		}
+	}
+	return min(delay, l.cfg.requeueDelayMax)
+}
+
+// deliveryCount reads the x-delivery-count header quorum queues set; any
+// other type counts as absent.
+func deliveryCount(h amqp.Table) int {
+	switch v := h["x-delivery-count"].(type) {
+	case int64:
+		if v > 0 && v < math.MaxInt32 {
+			return int(v)
+		}
+	case int32:
+		if v > 0 {
+			return int(v)
+		}
+	}
+	return 0
+}
+
+// sample returns the consumer's busy fraction and completed calls since the
+// last sample.
+func (c *consumer) sample(now int64, window time.Duration) (busy float64, calls uint64) {
+	total := c.busyNanos.Load()
+	if since := c.busySince.Load(); since != 0 && since < now {
+		total += now - since
+	}
+	n := c.calls.Load()
+	busy = float64(total-c.sampledBusy) / float64(window)
+	calls = n - c.sampledCalls
+	c.sampledBusy, c.sampledCalls = total, n
+	return min(max(busy, 0), 1), calls
+}

@@ -1,0 +1,60 @@
+// Package listener consumes a RabbitMQ queue reliably: New("orders", chain,
+// handle, WithURL(url)) and Run(ctx) give you a pool of consumers that retries
+// through your middleware chain, settles every message exactly as it should be,
+// grows and shrinks with the load, redials after losses and shuts down without
+// losing a message.
+//
+//	l, err := listener.New("orders",
+//		middleware.Chain(middleware.Retry(5), middleware.Recover(dlq)), handle,
+//		listener.WithURL(url), listener.WithConcurrentConsumers(2), listener.WithMaxConcurrentConsumers(10))
+//	err = l.Run(ctx) // blocks until ctx is done
+//
+// # Consumers
+//
+// Each consumer is one AMQP channel with its own basic.qos prefetch and
+// basic.consume, so the broker's consumer count is the listener's size. A
+// consumer runs one handler at a time: every delivery goes through mw(gate(h)),
+// and the gate, held while the handler runs, sits inside the chain. A delivery
+// runs on the goroutine that read it; when it parks to wait between retries
+// (middleware.Park), a new goroutine takes over the reading. So a healthy
+// message costs no goroutine of its own, a delivery waiting between retries
+// holds no worker, and the healthy messages behind a poison one keep flowing.
+//
+// # Scaling
+//
+// Between WithConcurrentConsumers and WithMaxConcurrentConsumers, the listener
+// looks at its consumers every 250ms (WithScaleInterval). When they are busy
+// (75% of the time in their handler, or every prefetch slot taken) and a
+// passive declare shows messages ready in the queue, it adds as many consumers
+// as would drain the backlog within two seconds at the measured rate, several
+// at once. A consumer above the minimum with nothing in flight and no work for
+// WithIdleTimeout (10s) is stopped. Decisions are logged at debug level and
+// visible in Stats.
+//
+// # Settlement
+//
+// Only the listener acks or rejects, one delivery at a time
+// (middleware.Settle): nil acks; Permanent rejects without requeue; other
+// errors requeue; a redelivered message that fails again waits a bounded
+// delay (WithRequeueDelay) first, so a poison message without a recoverer
+// cannot spin the broker. A delivery is always settled on the channel it came
+// from: if that channel has died, the broker has already requeued it, and it
+// is never acked on another.
+//
+// # Connection
+//
+// The listener dials and redials by itself, with exponential backoff and
+// jitter; after a loss it opens a fresh connection and channels, runs
+// WithDeclare again and resumes. A refused login, or a declaration the broker
+// refuses, ends Run with the error. A missing queue is retried with backoff
+// (or ends Run with WithMissingQueueFatal). A consumer cancelled by the broker
+// (queue deleted) or whose channel was closed (consumer_timeout) is replaced.
+//
+// # Shutdown
+//
+// When Run's context is done, the listener cancels its consumers, interrupts
+// deliveries waiting between retries (they are requeued at once), gives
+// running handlers WithShutdownTimeout to finish, then cancels their context,
+// requeues what is left, closes, and returns nil. No delivery interrupted this
+// way reaches a recoverer: a shutdown never sends a message to the DLQ.
+package listener

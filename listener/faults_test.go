@@ -1,0 +1,87 @@
+package listener_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/listener"
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+func TestConnectionKilledByTheBrokerResumes(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	publishN(t, q, 3000)
+	name := brokertest.Name(t, "listener")
+	s := newSeen()
+	r := start(t, q, middleware.Chain(middleware.Retry(3)), func(_ context.Context, d *amqp.Delivery) error {
+		time.Sleep(2 * time.Millisecond)
+		s.add(d.MessageId)
+		return nil
+	}, listener.WithConcurrentConsumers(2), listener.WithConnectionName(name), listener.WithPrefetch(50))
+
+	brokertest.Eventually(t, 20*time.Second, "500 handled", func() bool { return s.distinct() >= 500 })
+	if n := brokertest.CloseConnections(t, name); n != 1 {
+		t.Fatalf("closed %d connections, want the listener's one", n)
+	}
+	atCut := s.distinct()
+	if atCut >= 3000 {
+		t.Fatal("every message was handled before the cut: the test proves nothing")
+	}
+	brokertest.Eventually(t, 30*time.Second, "all 3000 handled after the redial", func() bool { return s.distinct() == 3000 })
+	brokertest.Eventually(t, 10*time.Second, "the queue empty and acked", func() bool {
+		return brokertest.Depth(t, q) == 0 && r.Stats().InFlight == 0
+	})
+	t.Logf("cut after %d of 3000; duplicates (in flight when the connection died, redelivered): %d", atCut, s.duplicates())
+	brokertest.Eventually(t, 5*time.Second, "2 consumers after the redial", func() bool { return brokertest.Consumers(t, q) == 2 })
+}
+
+func TestQueueDeletedWhileConsuming(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	t.Cleanup(func() { brokertest.DeleteQueue(t, q) })
+	declare := func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(q, true, false, false, false, nil)
+		return err
+	}
+	s := newSeen()
+	start(t, q, nil, func(_ context.Context, d *amqp.Delivery) error { s.add(d.MessageId); return nil }, listener.WithDeclare(declare))
+	brokertest.Eventually(t, 5*time.Second, "consuming", func() bool { return brokertest.QueueExists(t, q) && brokertest.Consumers(t, q) == 1 })
+	brokertest.DeleteQueue(t, q) // the broker cancels the consumer
+	brokertest.Eventually(t, 10*time.Second, "the queue declared again and consumed", func() bool {
+		return brokertest.QueueExists(t, q) && brokertest.Consumers(t, q) == 1
+	})
+	publishN(t, q, 10)
+	brokertest.Eventually(t, 5*time.Second, "messages after the deletion handled", func() bool { return s.distinct() == 10 })
+}
+
+// A channel exception on a consumer's channel (here the handler acks the
+// delivery itself, so the listener's ack is a second one: 406 unknown
+// delivery tag) closes that channel: the consumer is replaced, the deliveries
+// it held go back to the queue, and everything is handled.
+func TestConsumerChannelClosedIsReplaced(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	brokertest.Publish(t, q, amqp.Publishing{MessageId: "rogue"})
+	publishN(t, q, 200)
+	s := newSeen()
+	var rogue atomic.Bool
+	r := start(t, q, nil, func(_ context.Context, d *amqp.Delivery) error {
+		if d.MessageId == "rogue" && rogue.CompareAndSwap(false, true) {
+			_ = d.Ack(false)
+		}
+		s.add(d.MessageId)
+		time.Sleep(time.Millisecond)
+		return nil
+	}, listener.WithPrefetch(20))
+	brokertest.Eventually(t, 20*time.Second, "all messages handled", func() bool { return s.distinct() == 201 })
+	brokertest.Eventually(t, 5*time.Second, "one consumer again", func() bool { return r.Stats().Consumers == 1 && brokertest.Consumers(t, q) == 1 })
+	if n := brokertest.Depth(t, q); n != 0 {
+		t.Errorf("queue holds %d", n)
+	}
+	t.Logf("redelivered after the channel closed: %d", s.duplicates())
+}

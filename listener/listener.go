@@ -1,0 +1,252 @@
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/amqpconn"
+	"github.com/amqpretry/amqpretry/internal/amqpurl"
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+// Listener consumes one queue with a pool of consumers, runs every delivery
+// through a middleware chain and settles it. Create it with New and start it
+// with Run.
+type Listener struct {
+	queue    string
+	mw       middleware.Middleware
+	handler  middleware.Handler
+	cfg      config
+	redacted string
+
+	running atomic.Bool
+	stats   counters
+
+	mu        sync.Mutex
+	consumers map[*consumer]struct{} // active, for Stats
+}
+
+// Stats is a snapshot of a Listener's state.
+type Stats struct {
+	Consumers int // consuming now
+	InFlight  int // received and not settled yet
+	Running   int // in a handler now
+	Parked    int // in flight but neither running nor queued for a consumer: waiting between retries
+	Handled   uint64
+	Failed    uint64 // chain returned an error: requeued or rejected
+	Requeued  uint64
+	Rejected  uint64
+}
+
+type counters struct {
+	handled, failed, requeued, rejected atomic.Uint64
+}
+
+// New checks its arguments and options and returns a Listener for queue;
+// it does not connect (Run does). mw may be nil for no middleware.
+//
+// It refuses a chain whose retries could hold a delivery in memory longer
+// than the broker's consumer_timeout (WithConsumerTimeout): such delays belong
+// in broker-side retry tiers (package dlx).
+func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...Option) (*Listener, error) {
+	cfg := defaultConfig()
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if !cfg.maxSet {
+		cfg.max = cfg.min
+	}
+	switch {
+	case queue == "":
+		cfg.fail("New expects a queue name, got \"\"")
+	case h == nil:
+		cfg.fail("New expects a non-nil handler")
+	}
+	if cfg.max < cfg.min {
+		cfg.fail("WithMaxConcurrentConsumers expects at least the concurrent consumers (%d), got %d", cfg.min, cfg.max)
+	}
+	if _, err := amqpurl.Parse(cfg.url); err != nil {
+		cfg.fail("WithURL: %v", err)
+	}
+	if mw == nil {
+		mw = middleware.Chain()
+	}
+	if wait := middleware.WorstCaseWait(mw); wait >= cfg.consumerTimeout {
+		cfg.fail("the middleware's retries may hold a delivery for %v, longer than the consumer timeout %v: "+
+			"the broker would close the channel and redeliver it. Use fewer or shorter local retries and hand longer "+
+			"delays to broker-side retry tiers (package dlx), or raise consumer_timeout and WithConsumerTimeout together",
+			wait, cfg.consumerTimeout)
+	}
+	if len(cfg.errs) > 0 {
+		return nil, errors.Join(cfg.errs...)
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	return &Listener{
+		queue: queue, mw: mw, handler: h, cfg: cfg,
+		redacted:  amqpurl.Redact(cfg.url),
+		consumers: map[*consumer]struct{}{},
+	}, nil
+}
+
+// Stats returns a snapshot of the consumers and counters.
+func (l *Listener) Stats() Stats {
+	s := Stats{
+		Handled:  l.stats.handled.Load(),
+		Failed:   l.stats.failed.Load(),
+		Requeued: l.stats.requeued.Load(),
+		Rejected: l.stats.rejected.Load(),
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.consumers {
+		if c.consuming.Load() {
+			s.Consumers++
+		}
+		inFlight, running, waiting := int(c.inFlight.Load()), int(c.running.Load()), int(c.waiting.Load())
+		s.InFlight += inFlight
+		s.Running += running
+		s.Parked += max(inFlight-running-waiting, 0)
+	}
+	return s
+}
+
+// Run connects, consumes and settles until ctx is done, then shuts down
+// gracefully and returns nil: it stops consuming, requeues deliveries waiting
+// between retries at once, gives running handlers the shutdown timeout to
+// finish, then cancels their context, requeues what is left and closes. Every
+// goroutine it started has ended when it returns.
+//
+// Connection losses are retried with backoff and logged. Run returns an error
+// only for what retrying cannot fix: a refused login, a declaration the
+// broker refuses, a missing queue with WithMissingQueueFatal.
+func (l *Listener) Run(ctx context.Context) error {
+	if !l.running.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	r := &run{
+		l:         l,
+		interrupt: make(chan struct{}),
+	}
+	// Handlers outlive ctx by up to the shutdown timeout: they get a context
+	// that keeps ctx's values but is cancelled separately.
+	r.handlerCtx, r.cancelHandlers = context.WithCancel(context.WithoutCancel(ctx))
+	defer r.cancelHandlers()
+
+	err := r.loop(ctx)
+	r.shutdown()
+	var fatal *fatalError
+	if errors.As(err, &fatal) {
+		return fatal.err
+	}
+	return err
+}
+
+// run is the state of one call to Run.
+type run struct {
+	l              *Listener
+	handlerCtx     context.Context
+	cancelHandlers context.CancelFunc
+	interrupt      chan struct{} // closed at shutdown: ends retry waits and requeue delays
+	interruptOnce  sync.Once
+	consumers      sync.WaitGroup // every consumer goroutine, old connections' included
+}
+
+func (r *run) loop(ctx context.Context) error {
+	l := r.l
+	redial := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(100*time.Millisecond),
+		backoff.WithMaxInterval(10*time.Second),
+		backoff.WithRandomizationFactor(0.5),
+		backoff.WithMaxElapsedTime(0),
+	)
+	for {
+		conn, err := l.dial()
+		if err == nil {
+			redial.Reset()
+			err = r.serve(ctx, conn)
+			if err == nil || ctx.Err() != nil {
+				return err
+			}
+		}
+		if isFatal(err) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		delay := redial.NextBackOff()
+		l.cfg.logger.Warn("listener: connection problem; redialing", "queue", l.queue, "url", l.redacted, "error", err, "retry_in", delay)
+		timer := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-timer.C:
+		}
+	}
+}
+
+// shutdown ends every consumer: waits are interrupted at once, running
+// handlers get the shutdown timeout, then their context is cancelled.
+func (r *run) shutdown() {
+	r.interruptOnce.Do(func() { close(r.interrupt) })
+	done := make(chan struct{})
+	go func() { r.consumers.Wait(); close(done) }()
+	timer := time.NewTimer(r.l.cfg.shutdownTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+		return
+	case <-timer.C:
+	}
+	r.l.cfg.logger.Warn("listener: handlers still running after the shutdown timeout; cancelling their context", "queue", r.l.queue, "timeout", r.l.cfg.shutdownTimeout)
+	r.cancelHandlers()
+	for {
+		select {
+		case <-done:
+			return
+		case <-time.After(5 * time.Second):
+			r.l.cfg.logger.Error("listener: a handler ignores its cancelled context; Run waits for it", "queue", r.l.queue, "in_flight", r.l.Stats().InFlight)
+		}
+	}
+}
+
+func (l *Listener) dial() (*amqpconn.Conn, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(l.cfg.connectionName)
+	conn, err := amqpconn.Dial(l.cfg.url, amqp.Config{
+		Heartbeat:       l.cfg.heartbeat,
+		TLSClientConfig: l.cfg.tls,
+		Locale:          "en_US",
+		Properties:      props,
+	}, l.cfg.dialTimeout)
+	if err != nil {
+		var aerr *amqp.Error
+		if errors.As(err, &aerr) && aerr.Code == amqp.AccessRefused {
+			return nil, &fatalError{fmt.Errorf("listener: the broker at %s refused the login: %w", l.redacted, err)}
+		}
+		return nil, fmt.Errorf("listener: dial %s: %w", l.redacted, err)
+	}
+	return conn, nil
+}
+
+// fatalError ends Run instead of being retried.
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
+
+func isFatal(err error) bool {
+	var f *fatalError
+	return errors.As(err, &f)
+}

@@ -1,0 +1,206 @@
+package listener
+
+import (
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Option configures New. An invalid value makes New fail with an error that
+// names the option and the value.
+type Option func(*config)
+
+// DefaultPrefetch is the default number of unacked deliveries per consumer.
+//
+// It is Spring AMQP's default, and it is large on purpose: a delivery waiting
+// between retries keeps its prefetch slot (it is not acked until it is
+// settled), so a small prefetch would let a few poison messages in backoff
+// starve their consumer of healthy ones. It also keeps fast handlers from ever
+// waiting on the network. Lower it for large messages, or when many consumers
+// should share a queue evenly.
+const DefaultPrefetch = 250
+
+type config struct {
+	url             string
+	tls             *tls.Config
+	heartbeat       time.Duration
+	dialTimeout     time.Duration
+	connectionName  string
+	logger          *slog.Logger
+	min, max        int
+	maxSet          bool
+	prefetch        int
+	declare         func(*amqp.Channel) error
+	shutdownTimeout time.Duration
+	consumerTimeout time.Duration
+	requeueDelay    time.Duration
+	requeueDelayMax time.Duration
+	scaleInterval   time.Duration
+	idleTimeout     time.Duration
+	drainTarget     time.Duration
+	missingFatal    bool
+	errs            []error
+}
+
+func defaultConfig() config {
+	return config{
+		url:             "amqp://guest:guest@127.0.0.1:5672/",
+		heartbeat:       10 * time.Second,
+		dialTimeout:     10 * time.Second,
+		connectionName:  "amqpretry listener",
+		min:             1,
+		prefetch:        DefaultPrefetch,
+		shutdownTimeout: 10 * time.Second,
+		consumerTimeout: 30 * time.Minute,
+		requeueDelay:    time.Second,
+		requeueDelayMax: 30 * time.Second,
+		scaleInterval:   250 * time.Millisecond,
+		idleTimeout:     10 * time.Second,
+		drainTarget:     2 * time.Second,
+	}
+}
+
+func (c *config) fail(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("listener: "+format, args...))
+}
+
+// WithURL sets the broker, amqp:// or amqps://. Default
+// amqp://guest:guest@127.0.0.1:5672/.
+func WithURL(url string) Option { return func(c *config) { c.url = url } }
+
+// WithTLS sets the TLS configuration for amqps://. Without it, amqps://
+// verifies the broker against the system's roots and the URL's host name.
+func WithTLS(t *tls.Config) Option { return func(c *config) { c.tls = t } }
+
+// WithHeartbeat sets the AMQP heartbeat: a broker that stops answering is
+// noticed within about two intervals, and the listener redials. Default 10s.
+func WithHeartbeat(d time.Duration) Option {
+	return func(c *config) {
+		if d < time.Second {
+			c.fail("WithHeartbeat expects at least 1s, got %v", d)
+		}
+		c.heartbeat = d
+	}
+}
+
+// WithConnectionName sets the name the broker shows for the connection.
+func WithConnectionName(name string) Option { return func(c *config) { c.connectionName = name } }
+
+// WithLogger sets where connection problems and scaling decisions (debug) go.
+// Default slog.Default(); URLs are logged with the password hidden.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l == nil {
+			c.fail("WithLogger expects a non-nil logger")
+		}
+		c.logger = l
+	}
+}
+
+// WithConcurrentConsumers sets the number of consumers the listener keeps
+// (Spring's concurrentConsumers). Default 1.
+func WithConcurrentConsumers(n int) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.fail("WithConcurrentConsumers expects at least 1, got %d", n)
+		}
+		c.min = n
+	}
+}
+
+// WithMaxConcurrentConsumers sets how many consumers the listener may grow to
+// under load (Spring's maxConcurrentConsumers). Default: the concurrent
+// consumers, which turns scaling off.
+func WithMaxConcurrentConsumers(n int) Option {
+	return func(c *config) { c.max, c.maxSet = n, true }
+}
+
+// WithPrefetch sets each consumer's basic.qos prefetch count. 0 means no
+// limit. Default DefaultPrefetch (250), see there why.
+func WithPrefetch(n int) Option {
+	return func(c *config) {
+		if n < 0 || n > 65535 {
+			c.fail("WithPrefetch expects 0 (no limit) to 65535, got %d", n)
+		}
+		c.prefetch = n
+	}
+}
+
+// WithDeclare runs declare on every (re)connection, before consuming: declare
+// the queue and whatever it needs there (dlx.Topology's Declare fits). A
+// declaration the broker refuses (a queue that exists with other arguments)
+// ends Run with the error.
+func WithDeclare(declare func(ch *amqp.Channel) error) Option {
+	return func(c *config) {
+		if declare == nil {
+			c.fail("WithDeclare expects a non-nil function")
+		}
+		c.declare = declare
+	}
+}
+
+// WithShutdownTimeout bounds how long Run lets running handlers finish once
+// its context is done; then it cancels their context. Deliveries waiting
+// between retries are requeued at once. Default 10s.
+func WithShutdownTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.fail("WithShutdownTimeout expects a duration >= 0, got %v", d)
+		}
+		c.shutdownTimeout = d
+	}
+}
+
+// WithConsumerTimeout tells New the broker's consumer_timeout (30 minutes by
+// default): New refuses a chain whose retries could keep a delivery unacked
+// longer, since the broker would close the channel under it. Default 30m.
+func WithConsumerTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.fail("WithConsumerTimeout expects a duration > 0, got %v", d)
+		}
+		c.consumerTimeout = d
+	}
+}
+
+// WithRequeueDelay sets how long a redelivered message that fails again waits
+// before it is requeued, so that a poison message without a recoverer comes
+// back once a second instead of a thousand times. The delay doubles with the
+// broker's x-delivery-count (quorum queues) up to max. Default 1s, 30s.
+func WithRequeueDelay(initial, max time.Duration) Option {
+	return func(c *config) {
+		if initial < 0 || max < initial {
+			c.fail("WithRequeueDelay expects 0 <= initial <= max, got %v, %v", initial, max)
+		}
+		c.requeueDelay, c.requeueDelayMax = initial, max
+	}
+}
+
+// WithScaleInterval sets how often the listener looks at its consumers'
+// load. Default 250ms.
+func WithScaleInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d < 10*time.Millisecond {
+			c.fail("WithScaleInterval expects at least 10ms, got %v", d)
+		}
+		c.scaleInterval = d
+	}
+}
+
+// WithIdleTimeout sets how long a consumer above the concurrent count must
+// have had nothing to do before it is stopped. Default 10s.
+func WithIdleTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.fail("WithIdleTimeout expects a duration > 0, got %v", d)
+		}
+		c.idleTimeout = d
+	}
+}
+
+// WithMissingQueueFatal makes a missing queue end Run with ErrQueueNotFound
+// instead of being retried with backoff.
+func WithMissingQueueFatal() Option { return func(c *config) { c.missingFatal = true } }

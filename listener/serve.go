@@ -1,0 +1,241 @@
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/amqpconn"
+)
+
+// serve consumes on one connection until ctx is done (it then shuts down and
+// returns nil), the connection is lost (it returns the loss), or something
+// fatal happens.
+func (r *run) serve(ctx context.Context, conn *amqpconn.Conn) error {
+	l := r.l
+	// After a graceful shutdown everything is settled and Close is clean;
+	// after a loss, a write stuck in the socket would hang amqp091's
+	// shutdown, so the socket goes first.
+	defer conn.Abandon()
+	defer conn.Close()
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+
+	if err := r.declare(conn.Connection); err != nil {
+		return err
+	}
+	s := &session{r: r, conn: conn.Connection, ended: make(chan *consumer, l.cfg.max)}
+	s.restart = backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(500*time.Millisecond),
+		backoff.WithMaxInterval(30*time.Second),
+		backoff.WithMaxElapsedTime(0),
+	)
+	if err := s.fillToMin(); err != nil {
+		return err
+	}
+	ticker := time.NewTicker(l.cfg.scaleInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			r.interruptOnce.Do(func() { close(r.interrupt) })
+			for _, c := range s.active {
+				c.stop()
+			}
+			r.shutdown() // the connection stays open until in-flight deliveries are settled
+			return nil
+		case err := <-connClosed:
+			conn.Abandon()
+			if err == nil {
+				return errors.New("connection closed")
+			}
+			return err
+		case c := <-s.ended:
+			s.active = slices.DeleteFunc(s.active, func(a *consumer) bool { return a == c })
+			if err := s.fillToMin(); err != nil {
+				return err
+			}
+		case <-ticker.C:
+			if err := s.fillToMin(); err != nil {
+				return err
+			}
+			s.scale()
+		}
+	}
+}
+
+// declare runs the user's declarations on a channel of their own.
+func (r *run) declare(conn *amqp.Connection) error {
+	if r.l.cfg.declare == nil {
+		return nil
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := r.l.cfg.declare(ch); err != nil {
+		var aerr *amqp.Error
+		if errors.As(err, &aerr) && (aerr.Code == amqp.PreconditionFailed || aerr.Code == amqp.AccessRefused) {
+			return &fatalError{fmt.Errorf("listener: declaring for queue %q: %w", r.l.queue, err)}
+		}
+		return fmt.Errorf("listener: declaring for queue %q: %w", r.l.queue, err)
+	}
+	return nil
+}
+
+// session is serve's state for one connection.
+type session struct {
+	r       *run
+	conn    *amqp.Connection
+	ended   chan *consumer
+	active  []*consumer // oldest first
+	control *amqp.Channel
+
+	restart    *backoff.ExponentialBackOff
+	restartAt  time.Time
+	redeclared bool // declared again since the last consumer started
+
+	lastSample time.Time
+	lastDepth  time.Time
+}
+
+// fillToMin starts consumers until the concurrent count is reached, backing
+// off while the queue is missing or the broker refuses.
+func (s *session) fillToMin() error {
+	l := s.r.l
+	for len(s.active) < l.cfg.min && !time.Now().Before(s.restartAt) {
+		if err := s.add(); err != nil {
+			if s.conn.IsClosed() {
+				return nil // the connection loss arrives next
+			}
+			var aerr *amqp.Error
+			missing := errors.As(err, &aerr) && aerr.Code == amqp.NotFound
+			if missing && l.cfg.missingFatal {
+				return &fatalError{fmt.Errorf("%w: %q (%v)", ErrQueueNotFound, l.queue, err)}
+			}
+			if missing && l.cfg.declare != nil && !s.redeclared {
+				// Deleted while we ran: declare it again, once per outage.
+				s.redeclared = true
+				l.cfg.logger.Warn("listener: the queue disappeared; declaring it again", "queue", l.queue)
+				if err := s.r.declare(s.conn); err != nil {
+					return err
+				}
+				continue
+			}
+			delay := s.restart.NextBackOff()
+			s.restartAt = time.Now().Add(delay)
+			if missing {
+				l.cfg.logger.Warn("listener: the queue does not exist; retrying (declare it, or pass WithDeclare)", "queue", l.queue, "retry_in", delay)
+			} else {
+				l.cfg.logger.Warn("listener: cannot start a consumer; retrying", "queue", l.queue, "error", err, "retry_in", delay)
+			}
+			return nil
+		}
+		s.restart.Reset()
+		s.redeclared = false
+	}
+	return nil
+}
+
+func (s *session) add() error {
+	c, err := s.r.startConsumer(s.conn, s.ended)
+	if err != nil {
+		return err
+	}
+	s.active = append(s.active, c)
+	return nil
+}
+
+// scale adds consumers when they are busy and work waits in the queue, several
+// at once when the backlog calls for it, and stops consumers above the
+// minimum that have been idle for the idle timeout.
+func (s *session) scale() {
+	l := s.r.l
+	now := time.Now()
+	window := now.Sub(s.lastSample)
+	first := s.lastSample.IsZero()
+	s.lastSample = now
+	if first || len(s.active) == 0 {
+		for _, c := range s.active {
+			c.sample(now.UnixNano(), time.Second)
+		}
+		return
+	}
+
+	var busy float64
+	var calls uint64
+	saturated := false
+	for _, c := range s.active {
+		b, n := c.sample(now.UnixNano(), window)
+		busy += b
+		calls += n
+		if l.cfg.prefetch > 0 && c.inFlight.Load() >= int64(l.cfg.prefetch) {
+			saturated = true // every slot is taken, by parked deliveries perhaps
+		}
+	}
+	n := len(s.active)
+	utilisation := busy / float64(n)
+
+	if n < l.cfg.max && (utilisation >= 0.75 || saturated) {
+		depth, ok := s.depth(now)
+		if ok && depth > 0 {
+			add := 1
+			if rate := float64(calls) / window.Seconds() / float64(n); rate > 0 {
+				// Enough consumers to drain the backlog within the drain target.
+				want := int(math.Ceil(float64(depth) / (rate * l.cfg.drainTarget.Seconds())))
+				add = max(want-n, 1)
+			}
+			add = min(add, l.cfg.max-n)
+			started := 0
+			for range add {
+				if err := s.add(); err != nil {
+					l.cfg.logger.Warn("listener: cannot add a consumer", "queue", l.queue, "error", err)
+					break
+				}
+				started++
+			}
+			l.cfg.logger.Debug("listener: scaled up", "queue", l.queue, "consumers", len(s.active), "added", started,
+				"utilisation", utilisation, "saturated", saturated, "ready", depth)
+		}
+		return
+	}
+
+	// Scale down: newest first, never below the minimum, only consumers with
+	// nothing in flight that have been idle for the idle timeout.
+	for i := len(s.active) - 1; i >= 0 && len(s.active) > l.cfg.min; i-- {
+		c := s.active[i]
+		idle := now.Sub(time.Unix(0, c.lastActive.Load()))
+		if c.inFlight.Load() == 0 && idle >= l.cfg.idleTimeout {
+			c.stop()
+			s.active = slices.Delete(s.active, i, i+1)
+			l.cfg.logger.Debug("listener: scaled down", "queue", l.queue, "consumers", len(s.active), "idle", idle)
+		}
+	}
+}
+
+// depth is the number of ready messages, from a passive declare on a control
+// channel, at most every 200ms.
+func (s *session) depth(now time.Time) (int, bool) {
+	if now.Sub(s.lastDepth) < 200*time.Millisecond {
+		return 0, false
+	}
+	s.lastDepth = now
+	if s.control == nil || s.control.IsClosed() {
+		ch, err := s.conn.Channel()
+		if err != nil {
+			return 0, false
+		}
+		s.control = ch
+	}
+	q, err := s.control.QueueDeclarePassive(s.r.l.queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, false
+	}
+	return q.Messages, true
+}
