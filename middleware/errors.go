@@ -65,12 +65,18 @@ type RetriesExhaustedError struct {
 	// TimeLimited is true when the time limit (WithMaxElapsedTime), not the
 	// attempt count, stopped the retries.
 	TimeLimited bool
+	// HandedOff is true when HandOffAfter stopped the local retries because
+	// the next wait was too long to hold in memory.
+	HandedOff bool
 }
 
 func (e *RetriesExhaustedError) Error() string {
 	why := ""
-	if e.TimeLimited {
+	switch {
+	case e.TimeLimited:
 		why = " (time limit reached)"
+	case e.HandedOff:
+		why = " (the next wait is past HandOffAfter: handed to the recoverer)"
 	}
 	return fmt.Sprintf("middleware: retries exhausted after %d attempt%s%s: %v", e.Attempts, plural(e.Attempts), why, e.Last)
 }

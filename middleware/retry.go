@@ -60,6 +60,18 @@ func WithMaxElapsedTime(d time.Duration) RetryOption {
 	return func(p *retryPolicy) { p.maxElapsed = d }
 }
 
+// HandOffAfter stops local retries when the next wait would be longer than
+// threshold: Retry returns a *RetriesExhaustedError with HandedOff set, and a
+// Recover inside or around it hands the delivery to its recoverer, typically
+// the broker-side retry tiers of package dlx, instead of holding it in memory:
+//
+//	Chain(Retry(10, HandOffAfter(5*time.Second)), Recover(topology.Tiers(pub)))
+//
+// waits 1s, 2s, 4s locally, then parks the message in the tiers.
+func HandOffAfter(threshold time.Duration) RetryOption {
+	return func(p *retryPolicy) { p.handOff = threshold; p.handOffSet = true }
+}
+
 // RetryIf retries only errors for which retryable returns true; the others are
 // returned at once, unchanged (and recovered by Recover). Permanent errors are
 // never retried, whatever retryable says.
@@ -161,6 +173,8 @@ type retryPolicy struct {
 	maxInterval time.Duration
 	jitter      float64
 	maxElapsed  time.Duration
+	handOff     time.Duration
+	handOffSet  bool
 	retryIf     func(error) bool
 	onRetry     func(context.Context, RetryEvent)
 	clock       clock
@@ -178,6 +192,8 @@ func (p *retryPolicy) validate() error {
 		return fmt.Errorf("middleware: WithJitter expects a factor between 0 and 1, got %v", p.jitter)
 	case p.maxElapsed < 0:
 		return fmt.Errorf("middleware: WithMaxElapsedTime expects a duration >= 0 (0 means no limit), got %v", p.maxElapsed)
+	case p.handOffSet && p.handOff <= 0:
+		return fmt.Errorf("middleware: HandOffAfter expects a duration > 0, got %v", p.handOff)
 	}
 	return nil
 }
@@ -260,6 +276,7 @@ const (
 	stopNotRetryable
 	stopAttempts
 	stopTimeLimit
+	stopHandOff
 )
 
 type decision struct {
@@ -274,6 +291,8 @@ func (d decision) finalError(attempt int, err error) error {
 		return &RetriesExhaustedError{Attempts: attempt, Last: err}
 	case stopTimeLimit:
 		return &RetriesExhaustedError{Attempts: attempt, Last: err, TimeLimited: true}
+	case stopHandOff:
+		return &RetriesExhaustedError{Attempts: attempt, Last: err, HandedOff: true}
 	default: // permanent or not retryable: the caller's error, with the count attached
 		return &stoppedError{attempts: attempt, err: err}
 	}
@@ -324,9 +343,12 @@ func (ex *execution) decide(attempt int, err error) decision {
 		dec.stop = stopAttempts
 	default:
 		delay := ex.nextDelay()
-		if p.maxElapsed > 0 && p.clock.Now().Sub(ex.start)+delay > p.maxElapsed {
+		switch {
+		case p.handOffSet && delay > p.handOff:
+			dec.stop = stopHandOff
+		case p.maxElapsed > 0 && p.clock.Now().Sub(ex.start)+delay > p.maxElapsed:
 			dec.stop = stopTimeLimit
-		} else {
+		default:
 			dec.retry, dec.delay = true, delay
 		}
 	}

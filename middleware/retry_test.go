@@ -179,6 +179,25 @@ func TestRetryJitter(t *testing.T) {
 	}
 }
 
+func TestHandOffAfter(t *testing.T) {
+	clock := middleware.NewFakeClock()
+	h := &failingHandler{failures: 100, err: errBoom}
+	r := &recordingRecoverer{}
+	err := middleware.Chain(middleware.Retry(10, middleware.WithClock(clock), middleware.HandOffAfter(5*time.Second)), middleware.Recover(r))(h.Handle)(context.Background(), &amqp.Delivery{})
+	if err != nil || h.Calls() != 4 || r.Calls() != 1 {
+		t.Fatalf("err %v, %d calls, %d recoveries; want 4 local attempts (waits 1s 2s 4s), then the recoverer", err, h.Calls(), r.Calls())
+	}
+	if got := clock.Waits(); !slices.Equal(got, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}) {
+		t.Errorf("waits = %v", got)
+	}
+	h = &failingHandler{failures: 100, err: errBoom}
+	err = middleware.Retry(10, middleware.WithClock(middleware.NewFakeClock()), middleware.HandOffAfter(5*time.Second))(h.Handle)(context.Background(), &amqp.Delivery{})
+	var ex *middleware.RetriesExhaustedError
+	if !errors.As(err, &ex) || !ex.HandedOff || ex.Attempts != 4 {
+		t.Fatalf("err = %v, want a hand-off after 4 attempts", err)
+	}
+}
+
 func TestRetryIf(t *testing.T) {
 	errTransient := errors.New("transient")
 	clock := middleware.NewFakeClock()
@@ -357,6 +376,7 @@ func TestRetryInvalidArguments(t *testing.T) {
 			"middleware: WithMaxElapsedTime expects a duration >= 0 (0 means no limit), got -1s"},
 		{"nil predicate", 3, []middleware.RetryOption{middleware.RetryIf(nil)}, "middleware: RetryIf expects a non-nil function"},
 		{"nil hook", 3, []middleware.RetryOption{middleware.OnRetry(nil)}, "middleware: OnRetry expects a non-nil function"},
+		{"zero hand-off", 3, []middleware.RetryOption{middleware.HandOffAfter(0)}, "middleware: HandOffAfter expects a duration > 0, got 0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

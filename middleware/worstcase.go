@@ -42,31 +42,67 @@ func (p *retryPolicy) runProbe(ctx context.Context, pr *probe, d *amqp.Delivery,
 	return err
 }
 
-// worstCaseWait is the sum of the maxAttempts-1 delays at their largest:
-// delay i is min(initial·multiplier^i, max)·(1+jitter), as backoff/v4 computes
-// it. Closed form, so that Retry(math.MaxInt, WithMultiplier(1)) costs nothing.
+// worstCaseWait is the sum of the delays Retry may wait, at their largest:
+// interval i is f(i) = min(initial·multiplier^i, max) as backoff/v4 computes
+// it, waited as up to f(i)·(1+jitter). With HandOffAfter(T), a wait happens
+// only while its smallest draw f(i)·(1-jitter) is within T, and lasts at
+// most T. Closed form throughout, so that huge or flat policies cost nothing.
 func (p *retryPolicy) worstCaseWait() time.Duration {
 	waits := float64(p.maxAttempts - 1)
-	initial, capped, m := float64(p.initial), float64(p.maxInterval), p.multiplier
-	// How many delays come before the cap.
-	growing := waits
-	if m > 1 && initial < capped {
-		growing = math.Min(waits, math.Ceil(math.Log(capped/initial)/math.Log(m)))
-	} else if initial >= capped {
-		growing = 0
+	upper := 1 + p.jitter
+	var sum float64
+	if !p.handOffSet {
+		sum = p.sumIntervals(waits) * upper
+	} else {
+		T := float64(p.handOff)
+		happen := math.Min(waits, p.firstAbove(T/(1-p.jitter)))
+		full := math.Min(happen, p.firstAbove(T/upper)) // these fit under T even at their largest
+		sum = p.sumIntervals(full)*upper + (happen-full)*T
 	}
+	total := durationFromFloat(sum)
+	if p.maxElapsed > 0 && total > p.maxElapsed {
+		total = p.maxElapsed
+	}
+	return total
+}
+
+// sumIntervals is f(0) + ... + f(n-1).
+func (p *retryPolicy) sumIntervals(n float64) float64 {
+	initial, capped, m := float64(p.initial), float64(p.maxInterval), p.multiplier
+	growing := math.Min(n, p.firstAtCap())
 	var sum float64
 	if m == 1 {
 		sum = growing * initial
 	} else {
 		sum = initial * (math.Pow(m, growing) - 1) / (m - 1)
 	}
-	sum += (waits - growing) * capped
-	total := durationFromFloat(sum * (1 + p.jitter))
-	if p.maxElapsed > 0 && total > p.maxElapsed {
-		total = p.maxElapsed
+	return sum + (n-growing)*capped
+}
+
+// firstAtCap is the first i whose interval is the cap.
+func (p *retryPolicy) firstAtCap() float64 {
+	initial, capped, m := float64(p.initial), float64(p.maxInterval), p.multiplier
+	switch {
+	case initial >= capped:
+		return 0
+	case m == 1:
+		return math.Inf(1)
 	}
-	return total
+	return math.Ceil(math.Log(capped/initial) / math.Log(m))
+}
+
+// firstAbove is the first i with f(i) > x (+Inf when none is).
+func (p *retryPolicy) firstAbove(x float64) float64 {
+	initial, capped, m := float64(p.initial), float64(p.maxInterval), p.multiplier
+	switch {
+	case math.IsInf(x, 1) || x >= capped:
+		return math.Inf(1)
+	case initial > x:
+		return 0
+	case m == 1:
+		return math.Inf(1)
+	}
+	return math.Floor(math.Log(x/initial)/math.Log(m)) + 1
 }
 
 func durationFromFloat(f float64) time.Duration {

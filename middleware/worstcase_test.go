@@ -38,6 +38,9 @@ func TestWorstCaseWait(t *testing.T) {
 		{"a middleware that never calls next hides the retries", middleware.Chain(shortCircuit, middleware.Retry(5)), 0},
 		{"constant waits, computed not looped", middleware.Retry(math.MaxInt32, middleware.WithMultiplier(1), middleware.WithInitialInterval(time.Millisecond)), time.Duration(math.MaxInt32-1) * time.Millisecond},
 		{"growth that never reaches the cap", middleware.Retry(4, middleware.WithMultiplier(1.5), middleware.WithMaxInterval(time.Hour)), 1*s + 1500*time.Millisecond + 2250*time.Millisecond},
+		{"hand-off: only waits up to the threshold", middleware.Retry(10, middleware.HandOffAfter(5*s)), 1*s + 2*s + 4*s},
+		{"hand-off above the cap changes nothing", middleware.Retry(7, middleware.HandOffAfter(time.Hour)), 35 * s},
+		{"hand-off with jitter: a draw up to the threshold", middleware.Retry(10, middleware.HandOffAfter(4500*time.Millisecond), middleware.WithJitter(0.5)), 1500*time.Millisecond + 3*s + 4500*time.Millisecond + 4500*time.Millisecond},
 		{"initial at the cap", middleware.Retry(3, middleware.WithInitialInterval(5*s), middleware.WithMaxInterval(5*s)), 10 * s},
 	}
 	for _, tt := range tests {

@@ -1,0 +1,300 @@
+// Command amqpretry inspects and repairs dead-letter queues.
+//
+//	amqpretry dlq list    QUEUE [--limit N]                 a table of the messages, left in place
+//	amqpretry dlq show    QUEUE [--index N | --id ID]       one message in full, left in place
+//	amqpretry dlq replay  QUEUE [--limit N] [--match RE] [--to QUEUE | --to-original-exchange]
+//	amqpretry dlq purge   QUEUE --yes                       delete every message
+//
+// The broker is --url, else $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/.
+// Exit status: 0 done, 1 the broker or the queue failed, 2 wrong usage.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/signal"
+	"regexp"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/internal/amqpurl"
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+const usage = `usage:
+  amqpretry dlq list    QUEUE [--limit N]
+  amqpretry dlq show    QUEUE [--index N | --id MESSAGE_ID]
+  amqpretry dlq replay  QUEUE [--limit N] [--match REGEXP] [--to QUEUE | --to-original-exchange]
+  amqpretry dlq purge   QUEUE --yes
+flags for every command: --url URL (default $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// errUsage marks a mistake in the command line: exit status 2.
+var errUsage = errors.New("usage")
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	err := dispatch(ctx, args, stdout, stderr)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintf(stderr, "amqpretry: %v\n%s", err, usage)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "amqpretry: %v\n", err)
+		return 1
+	}
+}
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) < 2 || args[0] != "dlq" {
+		return fmt.Errorf("%w: expected \"dlq list|show|replay|purge QUEUE\"", errUsage)
+	}
+	cmd := args[1]
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	url := fs.String("url", "", "broker URL")
+	limit := fs.Int("limit", 0, "at most this many messages")
+	index := fs.Int("index", 0, "show: the message at this position (0 is the head)")
+	id := fs.String("id", "", "show: the message with this message id")
+	match := fs.String("match", "", "replay: only messages whose id, routing key, error or body match this regular expression")
+	to := fs.String("to", "", "replay: send to this queue")
+	toOriginal := fs.Bool("to-original-exchange", false, "replay: send to the exchange and routing key first used")
+	yes := fs.Bool("yes", false, "purge: really delete the messages")
+	queue, err := parse(fs, args[2:])
+	if err != nil {
+		return err
+	}
+	if *url == "" {
+		*url = os.Getenv("AMQP_URL")
+	}
+	if *url == "" {
+		*url = amqpurl.Default
+	}
+	if _, err := amqpurl.Parse(*url); err != nil {
+		return fmt.Errorf("%w: --url: %v", errUsage, err)
+	}
+
+	switch cmd {
+	case "list":
+		return withChannel(*url, func(ch *amqp.Channel) error { return list(ch, queue, *limit, stdout) })
+	case "show":
+		if *id != "" && *index != 0 {
+			return fmt.Errorf("%w: show takes --index or --id, not both", errUsage)
+		}
+		return withChannel(*url, func(ch *amqp.Channel) error { return show(ch, queue, *index, *id, stdout) })
+	case "replay":
+		if *to != "" && *toOriginal {
+			return fmt.Errorf("%w: replay takes --to or --to-original-exchange, not both", errUsage)
+		}
+		var re *regexp.Regexp
+		if *match != "" {
+			if re, err = regexp.Compile(*match); err != nil {
+				return fmt.Errorf("%w: --match: %v", errUsage, err)
+			}
+		}
+		return replay(ctx, *url, queue, *limit, re, *to, *toOriginal, stdout, stderr)
+	case "purge":
+		if !*yes {
+			return fmt.Errorf("%w: purge deletes every message on %s; add --yes to do it", errUsage, queue)
+		}
+		return withChannel(*url, func(ch *amqp.Channel) error {
+			n, err := ch.QueuePurge(queue, false)
+			if err != nil {
+				return fmt.Errorf("purge %s: %w", queue, err)
+			}
+			fmt.Fprintf(stdout, "purged %d messages from %s\n", n, queue)
+			return nil
+		})
+	}
+	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+}
+
+// parse accepts flags before and after the one positional QUEUE.
+func parse(fs *flag.FlagSet, args []string) (string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return "", fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(positional) != 1 {
+		return "", fmt.Errorf("%w: expected one QUEUE, got %d arguments", errUsage, len(positional))
+	}
+	return positional[0], nil
+}
+
+func withChannel(url string, f func(*amqp.Channel) error) error {
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", amqpurl.Redact(url), err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	return f(ch)
+}
+
+// peek takes up to limit messages without acking them; closing the channel
+// puts them back where they were.
+func peek(ch *amqp.Channel, queue string, limit int) ([]amqp.Delivery, error) {
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("queue %s: %w", queue, err)
+	}
+	n := q.Messages
+	if limit > 0 {
+		n = min(n, limit)
+	}
+	var out []amqp.Delivery
+	for range n {
+		d, ok, err := ch.Get(queue, false)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", queue, err)
+		}
+		if !ok {
+			break
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func list(ch *amqp.Channel, queue string, limit int, stdout io.Writer) error {
+	if limit <= 0 {
+		limit = 100
+	}
+	msgs, err := peek(ch, queue, limit)
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "#\tMESSAGE ID\tROUTING KEY\tEXCEPTION\tATTEMPTS\tRETRIES\tFAILED AT")
+	for i, d := range msgs {
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", i, orDash(d.MessageId), orDash(originalKey(&d)),
+			oneLine(header(&d, recoverer.HeaderExceptionMessage), 60),
+			orDash(header(&d, recoverer.DefaultHeaderPrefix+recoverer.SuffixAttempts)), dlx.RetryCount(&d),
+			orDash(header(&d, recoverer.DefaultHeaderPrefix+recoverer.SuffixFailedAt)))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%d message(s) shown from %s\n", len(msgs), queue)
+	return nil
+}
+
+func show(ch *amqp.Channel, queue string, index int, id string, stdout io.Writer) error {
+	msgs, err := peek(ch, queue, 0)
+	if err != nil {
+		return err
+	}
+	var d *amqp.Delivery
+	for i := range msgs {
+		if (id != "" && msgs[i].MessageId == id) || (id == "" && i == index) {
+			d = &msgs[i]
+			break
+		}
+	}
+	if d == nil {
+		if id != "" {
+			return fmt.Errorf("no message with id %q on %s (%d messages)", id, queue, len(msgs))
+		}
+		return fmt.Errorf("no message at index %d on %s (%d messages)", index, queue, len(msgs))
+	}
+	fmt.Fprintf(stdout, "message id:     %s\nrouting key:    %s\nexchange:       %s\ncontent type:   %s\ntimestamp:      %v\nretries:        %d\nheaders:\n",
+		d.MessageId, d.RoutingKey, d.Exchange, d.ContentType, d.Timestamp, dlx.RetryCount(d))
+	for _, k := range slices.Sorted(maps.Keys(d.Headers)) {
+		fmt.Fprintf(stdout, "  %s: %v\n", k, d.Headers[k])
+	}
+	fmt.Fprintf(stdout, "body (%d bytes):\n%s\n", len(d.Body), d.Body)
+	return nil
+}
+
+func replay(ctx context.Context, url, queue string, limit int, re *regexp.Regexp, to string, toOriginal bool, stdout, stderr io.Writer) error {
+	pub, err := publisher.New(url)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	opts := []dlx.ReplayOption{dlx.ReplayLimit(limit)}
+	if re != nil {
+		opts = append(opts, dlx.ReplayMatch(func(d *amqp.Delivery) bool {
+			return re.MatchString(d.MessageId) || re.MatchString(originalKey(d)) ||
+				re.MatchString(header(d, recoverer.HeaderExceptionMessage)) || re.Match(d.Body[:min(len(d.Body), 4096)])
+		}))
+	}
+	switch {
+	case to != "":
+		opts = append(opts, dlx.ReplayTo(to))
+	case toOriginal:
+		opts = append(opts, dlx.ReplayToOriginalExchange())
+	}
+	last := time.Now()
+	opts = append(opts, dlx.ReplayProgress(func(s dlx.ReplayStats) {
+		if time.Since(last) >= time.Second {
+			last = time.Now()
+			fmt.Fprintf(stderr, "… %d replayed, %d skipped, %d looked at\n", s.Replayed, s.Skipped, s.Scanned)
+		}
+	}))
+	var stats dlx.ReplayStats
+	err = withChannel(url, func(ch *amqp.Channel) error {
+		stats, err = dlx.Replay(ctx, ch, pub, queue, opts...)
+		return err
+	})
+	fmt.Fprintf(stdout, "replayed %d message(s) from %s; %d left there (not matching or without a destination)\n", stats.Replayed, queue, stats.Skipped)
+	return err
+}
+
+func header(d *amqp.Delivery, key string) string {
+	if v, ok := d.Headers[key]; ok && v != nil {
+		return fmt.Sprint(v)
+	}
+	return ""
+}
+
+func originalKey(d *amqp.Delivery) string {
+	if k := header(d, recoverer.HeaderOriginalRoutingKey); k != "" {
+		return k
+	}
+	return d.RoutingKey
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return orDash(s)
+}

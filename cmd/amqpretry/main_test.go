@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
+
+	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// amqpretry runs the command and returns its exit status and output.
+func amqpretry(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), append(args, "--url", brokertest.URL()), &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// withDeadLetters makes a topology whose DLQ holds n annotated dead letters.
+func withDeadLetters(t *testing.T, n int) dlx.Topology {
+	t.Helper()
+	topo := dlx.Topology{Queue: brokertest.Name(t, "work")}
+	t.Cleanup(func() {
+		brokertest.DeleteQueue(t, topo.Queue)
+		brokertest.DeleteQueue(t, topo.DLQ())
+	})
+	if err := topo.Declare(brokertest.Channel(t, brokertest.Dial(t))); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := publisher.New(brokertest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	for i := range n {
+		brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: fmt.Sprintf("order-%d", i), Body: []byte(fmt.Sprintf(`{"order":%d}`, i))})
+	}
+	rep := recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	for i := range n {
+		d, _, err := ch.Get(topo.Queue, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cause := errors.New("customer not found")
+		if i%2 == 1 {
+			cause = errors.New("tax service\ntimed out")
+		}
+		if err := rep.Recover(middleware.WithQueue(context.Background(), topo.Queue), &d, cause); err != nil {
+			t.Fatal(err)
+		}
+		_ = d.Ack(false)
+	}
+	return topo
+}
+
+func TestList(t *testing.T) {
+	topo := withDeadLetters(t, 3)
+	code, out, errOut := amqpretry(t, "dlq", "list", topo.DLQ())
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"MESSAGE ID", "order-0", "order-2", "customer not found", "tax service timed out", "3 message(s) shown"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list output lacks %q:\n%s", want, out)
+		}
+	}
+	if n := brokertest.Depth(t, topo.DLQ()); n != 3 {
+		t.Errorf("list must leave the messages in place: %d left", n)
+	}
+	_, out, _ = amqpretry(t, "dlq", "list", topo.DLQ(), "--limit", "1")
+	if !strings.Contains(out, "1 message(s) shown") {
+		t.Errorf("--limit 1:\n%s", out)
+	}
+}
+
+func TestShow(t *testing.T) {
+	topo := withDeadLetters(t, 3)
+	code, out, errOut := amqpretry(t, "dlq", "show", "--id", "order-1", topo.DLQ())
+	if code != 0 || !strings.Contains(out, `{"order":1}`) || !strings.Contains(out, "x-exception-message: tax service") {
+		t.Fatalf("exit %d (%s):\n%s", code, errOut, out)
+	}
+	if code, _, errOut := amqpretry(t, "dlq", "show", topo.DLQ(), "--index", "7"); code != 1 || !strings.Contains(errOut, "no message at index 7") {
+		t.Errorf("missing index: exit %d, %s", code, errOut)
+	}
+}
+
+func TestReplay(t *testing.T) {
+	topo := withDeadLetters(t, 6)
+	code, out, errOut := amqpretry(t, "dlq", "replay", topo.DLQ(), "--match", "customer")
+	if code != 0 || !strings.Contains(out, "replayed 3 message(s)") {
+		t.Fatalf("exit %d (%s): %s", code, errOut, out)
+	}
+	if w, d := brokertest.Depth(t, topo.Queue), brokertest.Depth(t, topo.DLQ()); w != 3 || d != 3 {
+		t.Fatalf("work %d, dlq %d: want 3 and 3", w, d)
+	}
+	other := brokertest.Name(t, "other")
+	brokertest.Queue(t, other, nil)
+	if code, out, _ := amqpretry(t, "dlq", "replay", topo.DLQ(), "--to", other, "--limit", "2"); code != 0 || !strings.Contains(out, "replayed 2") {
+		t.Fatalf("--to --limit: exit %d, %s", code, out)
+	}
+	if n := brokertest.Depth(t, other); n != 2 {
+		t.Errorf("%s holds %d", other, n)
+	}
+}
+
+func TestPurge(t *testing.T) {
+	topo := withDeadLetters(t, 2)
+	if code, _, errOut := amqpretry(t, "dlq", "purge", topo.DLQ()); code != 2 || !strings.Contains(errOut, "add --yes") {
+		t.Fatalf("purge without --yes: exit %d, %s", code, errOut)
+	}
+	if brokertest.Depth(t, topo.DLQ()) != 2 {
+		t.Fatal("purge without --yes deleted messages")
+	}
+	if code, out, _ := amqpretry(t, "dlq", "purge", topo.DLQ(), "--yes"); code != 0 || !strings.Contains(out, "purged 2 messages") {
+		t.Fatalf("purge --yes: exit %d, %s", code, out)
+	}
+}
+
+func TestUsageAndFailures(t *testing.T) {
+	brokertest.Dial(t)
+	tests := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{}, 2, "expected \"dlq list|show|replay|purge QUEUE\""},
+		{[]string{"dlq", "list"}, 2, "expected one QUEUE"},
+		{[]string{"dlq", "frob", "q"}, 2, "unknown command \"frob\""},
+		{[]string{"dlq", "replay", "q", "--match", "("}, 2, "--match"},
+		{[]string{"dlq", "replay", "q", "--to", "a", "--to-original-exchange"}, 2, "not both"},
+		{[]string{"dlq", "list", brokertest.Name(t, "missing")}, 1, "NOT_FOUND"},
+	}
+	for _, tt := range tests {
+		code, _, errOut := amqpretry(t, tt.args...)
+		if code != tt.code || !strings.Contains(errOut, tt.want) {
+			t.Errorf("amqpretry %v: exit %d, %q; want %d and %q", tt.args, code, errOut, tt.code, tt.want)
+		}
+	}
+	var stderr bytes.Buffer
+	if code := run(context.Background(), []string{"dlq", "list", "q", "--url", "amqp://u:hunter2@127.0.0.1:1/"}, &bytes.Buffer{}, &stderr); code != 1 ||
+		strings.Contains(stderr.String(), "hunter2") {
+		t.Errorf("unreachable broker: exit %d, %q", code, stderr.String())
+	}
+}

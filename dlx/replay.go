@@ -1,0 +1,171 @@
+package dlx
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+// ReplayStats counts what Replay did.
+type ReplayStats struct {
+	Scanned  int // taken from the DLQ and looked at
+	Replayed int // published (confirmed), then acked on the DLQ
+	Skipped  int // left on the DLQ: not matching, or no destination
+}
+
+// ReplayOption configures Replay.
+type ReplayOption func(*replayConfig)
+
+type replayConfig struct {
+	limit      int
+	match      func(*amqp.Delivery) bool
+	toQueue    string
+	toOriginal bool
+	progress   func(ReplayStats)
+}
+
+// ReplayLimit stops after n messages have been replayed.
+func ReplayLimit(n int) ReplayOption { return func(c *replayConfig) { c.limit = n } }
+
+// ReplayMatch replays only the messages for which match returns true; the
+// others stay on the DLQ.
+func ReplayMatch(match func(d *amqp.Delivery) bool) ReplayOption {
+	return func(c *replayConfig) { c.match = match }
+}
+
+// ReplayTo sends every message to queue, through the default exchange.
+func ReplayTo(queue string) ReplayOption { return func(c *replayConfig) { c.toQueue = queue } }
+
+// ReplayToOriginalExchange sends each message to the exchange and routing key
+// it was first published with (x-original-exchange, x-original-routingKey),
+// so every queue bound there gets it again.
+func ReplayToOriginalExchange() ReplayOption { return func(c *replayConfig) { c.toOriginal = true } }
+
+// ReplayProgress calls f after each message.
+func ReplayProgress(f func(ReplayStats)) ReplayOption {
+	return func(c *replayConfig) { c.progress = f }
+}
+
+// Replay moves messages from the dead-letter queue dlq back to work, the
+// articles' "after fixing the bug, put the failed messages back". Each
+// message is published with pub, and acked on the DLQ only once the broker has
+// confirmed the copy, so an interrupted replay loses nothing (a message caught
+// between the two steps is on both queues). Fault, retry and death headers are
+// removed, so the message starts over.
+//
+// By default a message returns to the queue named in its
+// x-amqpretry-original-queue header; ReplayTo and ReplayToOriginalExchange
+// choose otherwise. A message without a destination, or not matching
+// ReplayMatch, stays on the DLQ. Replay looks at each message that was on the
+// DLQ when it started once, and returns when it has seen them all, when the
+// limit is reached, or when ctx ends; ch is used for basic.get and acks.
+func Replay(ctx context.Context, ch *amqp.Channel, pub *publisher.Publisher, dlq string, opts ...ReplayOption) (ReplayStats, error) {
+	var cfg replayConfig
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	var stats ReplayStats
+	q, err := ch.QueueDeclarePassive(dlq, true, false, false, false, nil)
+	if err != nil {
+		return stats, fmt.Errorf("dlx: replay from %s: %w", dlq, err)
+	}
+	// Messages left on the DLQ stay unacked until the end, so that basic.get
+	// moves past them; then they go back, in their places.
+	var held []amqp.Delivery
+	defer func() {
+		for _, d := range held {
+			_ = d.Reject(true)
+		}
+	}()
+	for stats.Scanned < q.Messages && (cfg.limit <= 0 || stats.Replayed < cfg.limit) {
+		if err := ctx.Err(); err != nil {
+			return stats, err
+		}
+		d, ok, err := ch.Get(dlq, false)
+		if err != nil {
+			return stats, fmt.Errorf("dlx: replay from %s: %w", dlq, err)
+		}
+		if !ok {
+			break
+		}
+		stats.Scanned++
+		exchange, key := cfg.destination(&d)
+		if (cfg.match != nil && !cfg.match(&d)) || (key == "" && exchange == "") {
+			held = append(held, d)
+			stats.Skipped++
+			cfg.report(stats)
+			continue
+		}
+		if err := pub.Publish(ctx, exchange, key, Restart(&d)); err != nil {
+			_ = d.Reject(true)
+			return stats, fmt.Errorf("dlx: replay message %q to exchange %q, key %q: %w (it stays on %s)", d.MessageId, exchange, key, err, dlq)
+		}
+		if err := d.Ack(false); err != nil {
+			return stats, fmt.Errorf("dlx: message %q was replayed but its ack on %s failed, so it is on both queues: %w", d.MessageId, dlq, err)
+		}
+		stats.Replayed++
+		cfg.report(stats)
+	}
+	return stats, nil
+}
+
+func (c *replayConfig) report(s ReplayStats) {
+	if c.progress != nil {
+		c.progress(s)
+	}
+}
+
+// destination is where d goes back to; "", "" when it cannot be told.
+func (c *replayConfig) destination(d *amqp.Delivery) (exchange, key string) {
+	switch {
+	case c.toQueue != "":
+		return "", c.toQueue
+	case c.toOriginal:
+		exchange, _ = d.Headers[recoverer.HeaderOriginalExchange].(string)
+		key, _ = d.Headers[recoverer.HeaderOriginalRoutingKey].(string)
+		return exchange, key
+	}
+	queue, _ := d.Headers[recoverer.DefaultHeaderPrefix+recoverer.SuffixOriginalQueue].(string)
+	return "", queue
+}
+
+// Restart is the publishing Replay sends for d: its body and properties with
+// the fault, retry and death headers removed.
+func Restart(d *amqp.Delivery) amqp.Publishing {
+	headers := amqp.Table{}
+	for k, v := range d.Headers {
+		if !isFaultOrRetryHeader(k) {
+			headers[k] = v
+		}
+	}
+	return amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    d.DeliveryMode,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+}
+
+func isFaultOrRetryHeader(k string) bool {
+	switch k {
+	case recoverer.HeaderExceptionMessage, recoverer.HeaderExceptionStacktrace,
+		recoverer.HeaderOriginalExchange, recoverer.HeaderOriginalRoutingKey,
+		RetryCountHeader, "x-death", "x-delivery-count":
+		return true
+	}
+	return strings.HasPrefix(k, recoverer.DefaultHeaderPrefix) ||
+		strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
+}

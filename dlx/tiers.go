@@ -1,0 +1,155 @@
+package dlx
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+// RetryCount is the package's RetryCount narrowed to this topology: without
+// an x-retry-count header, only x-death expiries in its own retry queues
+// count.
+func (t Topology) RetryCount(d *amqp.Delivery) int {
+	if d == nil {
+		return 0
+	}
+	if n, ok := count(d.Headers[RetryCountHeader]); ok {
+		return n
+	}
+	ours := map[string]bool{t.SingleRetryQueue(): t.SingleRetryDelay > 0}
+	for _, delay := range t.RetryDelays {
+		ours[t.RetryQueue(delay)] = true
+	}
+	total := 0
+	for _, death := range Deaths(d) {
+		if death.Reason == "expired" && ours[death.Queue] {
+			total = min(total+death.Count, maxCount)
+		}
+	}
+	return total
+}
+
+// TierRecoverer is a middleware.Recoverer that parks failed messages in the
+// topology's retry tiers and, past the limit, on its DLQ.
+type TierRecoverer struct {
+	t     Topology
+	max   int
+	tiers []*recoverer.Republisher // one per RetryDelays entry
+	dlq   *recoverer.Republisher
+}
+
+var _ middleware.Recoverer = (*TierRecoverer)(nil)
+
+// TierOption configures Tiers.
+type TierOption func(*tierConfig)
+
+type tierConfig struct {
+	max  int
+	opts []recoverer.Option
+}
+
+// MaxRetries sets how many broker-side retries a message gets before the DLQ.
+// Default: one per tier. Past the last tier, retries reuse the last delay.
+func MaxRetries(n int) TierOption { return func(c *tierConfig) { c.max = n } }
+
+// WithRepublishOptions passes options (stack trace, headroom, prefix) to the
+// recoverer.Republish that writes the fault headers.
+func WithRepublishOptions(opts ...recoverer.Option) TierOption {
+	return func(c *tierConfig) { c.opts = append(c.opts, opts...) }
+}
+
+// Tiers returns the recoverer for the topology's retry tiers. For a message on
+// its k-th broker retry (RetryCount, 0 for a fresh one) it publishes a copy to
+// tier min(k, last) with x-retry-count k+1 and the fault headers of the error,
+// and returns once the broker has confirmed it, so the original may be acked.
+// From MaxRetries on, and for Permanent errors at once, the copy goes to the
+// DLQ instead. It composes with local retries:
+//
+//	middleware.Chain(middleware.Retry(3), middleware.Recover(topo.Tiers(pub)))
+//
+// makes three quick local attempts, then the tiers, then the DLQ. Tiers
+// panics if the topology is invalid or has no RetryDelays, or if pub is nil.
+func (t Topology) Tiers(pub *publisher.Publisher, opts ...TierOption) *TierRecoverer {
+	if err := t.Validate(); err != nil {
+		panic(err.Error())
+	}
+	if len(t.RetryDelays) == 0 {
+		panic("dlx: Tiers needs Topology.RetryDelays")
+	}
+	cfg := tierConfig{max: len(t.RetryDelays)}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if cfg.max < 0 {
+		panic(fmt.Sprintf("dlx: MaxRetries expects n >= 0, got %d", cfg.max))
+	}
+	r := &TierRecoverer{t: t, max: cfg.max}
+	next := recoverer.WithHeaders(func(_ context.Context, d *amqp.Delivery, _ error) amqp.Table {
+		return amqp.Table{RetryCountHeader: int64(t.RetryCount(d) + 1)}
+	})
+	for _, delay := range t.RetryDelays {
+		// Straight to the tier queue through the default exchange.
+		r.tiers = append(r.tiers, recoverer.Republish(pub, "", t.RetryQueue(delay), append(cfg.opts[:len(cfg.opts):len(cfg.opts)], next)...))
+	}
+	keep := recoverer.WithHeaders(func(_ context.Context, d *amqp.Delivery, _ error) amqp.Table {
+		return amqp.Table{RetryCountHeader: int64(t.RetryCount(d))}
+	})
+	r.dlq = recoverer.Republish(pub, t.DLX(), t.DLQRoutingKey(), append(cfg.opts[:len(cfg.opts):len(cfg.opts)], keep)...)
+	return r
+}
+
+// Recover publishes d to its next tier, or to the DLQ, and returns after the
+// broker's confirm.
+func (r *TierRecoverer) Recover(ctx context.Context, d *amqp.Delivery, cause error) error {
+	k := r.t.RetryCount(d)
+	if k >= r.max || middleware.IsPermanent(cause) {
+		return r.dlq.Recover(ctx, d, cause)
+	}
+	return r.tiers[min(k, len(r.tiers)-1)].Recover(ctx, d, cause)
+}
+
+// NextDelay is the tier delay d would wait on its next broker retry, or 0
+// when it would go to the DLQ.
+func (r *TierRecoverer) NextDelay(d *amqp.Delivery) time.Duration {
+	k := r.t.RetryCount(d)
+	if k >= r.max {
+		return 0
+	}
+	return r.t.RetryDelays[min(k, len(r.t.RetryDelays)-1)]
+}
+
+// RejectToRetry is the recoverer of the single-delay layout (SingleRetryDelay):
+// below maxRetries it has the listener reject the message, and the broker
+// moves it to the retry queue and back atomically, no publisher needed. The
+// count comes from the x-death entries the broker writes for rejections from
+// the work queue. From maxRetries on, final decides: recoverer.Republish to
+// the DLQ, or recoverer.Requeue.
+func (t Topology) RejectToRetry(maxRetries int, final middleware.Recoverer) middleware.Recoverer {
+	if err := t.Validate(); err != nil {
+		panic(err.Error())
+	}
+	if t.SingleRetryDelay <= 0 {
+		panic("dlx: RejectToRetry needs Topology.SingleRetryDelay")
+	}
+	if final == nil {
+		panic("dlx: RejectToRetry expects a final Recoverer")
+	}
+	return middleware.RecovererFunc(func(ctx context.Context, d *amqp.Delivery, cause error) error {
+		rejected := 0
+		for _, death := range Deaths(d) {
+			if death.Queue == t.Queue && death.Reason == "rejected" {
+				rejected += death.Count
+			}
+		}
+		if rejected >= maxRetries || middleware.IsPermanent(cause) {
+			return final.Recover(ctx, d, cause)
+		}
+		return fmt.Errorf("dlx: retry %d of %d through %s: %w", rejected+1, maxRetries, t.SingleRetryQueue(), middleware.ErrReject)
+	})
+}

@@ -1,0 +1,289 @@
+package dlx
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// QueueType is the RabbitMQ queue type every queue of a Topology gets.
+type QueueType string
+
+const (
+	Classic QueueType = "classic"
+	Quorum  QueueType = "quorum"
+)
+
+// Topology is the dead-letter and retry layout of one work queue. The zero
+// values of its optional fields are documented defaults; Declare creates it
+// all, idempotently, and is what listener.WithDeclare expects:
+//
+//	topo := dlx.Topology{Queue: "orders", RetryDelays: []time.Duration{10 * time.Second, time.Minute, 10 * time.Minute}}
+//	l, err := listener.New("orders", chain, handle, listener.WithDeclare(topo.Declare))
+//
+// Declared, for a work queue Q:
+//
+//	Q             dead-letters to the DLX (so a rejected message lands on the DLQ)
+//	Q.dlx         direct exchange, Q.dlq bound to it with routing key Q
+//	Q.dlq         the dead-letter queue
+//	Q.retry.10s   one per RetryDelays entry: x-message-ttl = the delay, dead-letters
+//	Q.retry.1m    through the default exchange with routing key Q, so the message
+//	...           returns to Q and to no other queue bound to Q's routing key
+//
+// With SingleRetryDelay instead of RetryDelays, the layout of the classic
+// articles: Q dead-letters into one Q.retry queue whose TTL sends messages
+// back, and a rejection is a retry, atomically in the broker (see
+// RejectToRetry).
+type Topology struct {
+	// Queue is the work queue. Required.
+	Queue string
+	// Type is the type of every queue declared: Classic (the default) or
+	// Quorum. Retry and dead-letter queues take the work queue's type.
+	Type QueueType
+	// QueueArguments are added to the work queue's arguments (x-max-length, ...).
+	QueueArguments amqp.Table
+	// SkipWorkQueue leaves the work queue to someone else: only the exchange,
+	// dead-letter and retry queues are declared, and the work queue's own
+	// dead-lettering (a policy, say) is yours to set.
+	SkipWorkQueue bool
+
+	// Exchange, when set, is declared (ExchangeKind, default "direct") and the
+	// work queue bound to it with BindingKeys (default: the queue's name).
+	Exchange     string
+	ExchangeKind string
+	BindingKeys  []string
+
+	// DeadLetterExchange defaults to Queue+".dlx", DeadLetterQueue to
+	// Queue+".dlq", DeadLetterRoutingKey (binding the DLQ to the DLX) to Queue.
+	DeadLetterExchange   string
+	DeadLetterQueue      string
+	DeadLetterRoutingKey string
+
+	// RetryDelays are the broker-side retry tiers, shortest first.
+	RetryDelays []time.Duration
+	// RetryQueueName names the tier for a delay; default Queue+".retry."+delay
+	// ("orders.retry.10s", "orders.retry.1m").
+	RetryQueueName func(delay time.Duration) string
+	// SingleRetryDelay selects the articles' layout with one retry queue,
+	// Queue+".retry", instead of RetryDelays.
+	SingleRetryDelay time.Duration
+
+	// DeliveryLimit sets x-delivery-limit on quorum queues (0: the broker's default).
+	DeliveryLimit int
+	// AtLeastOnce makes quorum queues dead-letter at least once
+	// (x-dead-letter-strategy=at-least-once, which needs x-overflow=reject-publish)
+	// instead of at most once.
+	AtLeastOnce bool
+}
+
+// DLX is the dead-letter exchange's name.
+func (t Topology) DLX() string { return or(t.DeadLetterExchange, t.Queue+".dlx") }
+
+// DLQ is the dead-letter queue's name.
+func (t Topology) DLQ() string { return or(t.DeadLetterQueue, t.Queue+".dlq") }
+
+// DLQRoutingKey is the routing key that takes a message from the DLX to the DLQ.
+func (t Topology) DLQRoutingKey() string { return or(t.DeadLetterRoutingKey, t.Queue) }
+
+// RetryQueue is the name of the tier for delay.
+func (t Topology) RetryQueue(delay time.Duration) string {
+	if t.RetryQueueName != nil {
+		return t.RetryQueueName(delay)
+	}
+	return t.Queue + ".retry." + FormatDelay(delay)
+}
+
+// SingleRetryQueue is the retry queue of the single-delay layout.
+func (t Topology) SingleRetryQueue() string { return t.Queue + ".retry" }
+
+// FormatDelay writes a delay the way retry queues are named: 500ms, 10s,
+// 1m, 2h.
+func FormatDelay(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	case d%time.Minute == 0:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	case d%time.Second == 0:
+		return fmt.Sprintf("%ds", d/time.Second)
+	}
+	return fmt.Sprintf("%dms", d/time.Millisecond)
+}
+
+func or(s, fallback string) string {
+	if s != "" {
+		return s
+	}
+	return fallback
+}
+
+// Validate reports the first problem with the topology's fields.
+func (t Topology) Validate() error {
+	switch {
+	case t.Queue == "":
+		return errors.New("dlx: Topology.Queue is required")
+	case t.Type != "" && t.Type != Classic && t.Type != Quorum:
+		return fmt.Errorf("dlx: Topology.Type must be %q or %q, got %q", Classic, Quorum, t.Type)
+	case len(t.RetryDelays) > 0 && t.SingleRetryDelay > 0:
+		return errors.New("dlx: set Topology.RetryDelays or Topology.SingleRetryDelay, not both")
+	case t.SingleRetryDelay < 0:
+		return fmt.Errorf("dlx: Topology.SingleRetryDelay must be positive, got %v", t.SingleRetryDelay)
+	case t.DeliveryLimit < 0:
+		return fmt.Errorf("dlx: Topology.DeliveryLimit must be >= 0, got %d", t.DeliveryLimit)
+	case (t.DeliveryLimit > 0 || t.AtLeastOnce) && t.Type != Quorum:
+		return errors.New("dlx: Topology.DeliveryLimit and Topology.AtLeastOnce need Type: dlx.Quorum")
+	}
+	seen := map[string]bool{}
+	for i, d := range t.RetryDelays {
+		if d < time.Millisecond {
+			return fmt.Errorf("dlx: Topology.RetryDelays[%d] must be at least 1ms, got %v", i, d)
+		}
+		if i > 0 && d < t.RetryDelays[i-1] {
+			return fmt.Errorf("dlx: Topology.RetryDelays must be in increasing order, got %v after %v", d, t.RetryDelays[i-1])
+		}
+		name := t.RetryQueue(d)
+		if seen[name] {
+			return fmt.Errorf("dlx: two retry tiers share the queue name %q", name)
+		}
+		seen[name] = true
+	}
+	return nil
+}
+
+// Declare declares the topology on ch, idempotently: run it at startup or
+// pass it to listener.WithDeclare so it runs on every connection. A queue or
+// exchange that exists with other arguments gives a *ConflictError that
+// names it, the argument and the fix; the broker closes ch then.
+func (t Topology) Declare(ch *amqp.Channel) error {
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	if t.Exchange != "" {
+		if err := ch.ExchangeDeclare(t.Exchange, or(t.ExchangeKind, "direct"), true, false, false, false, nil); err != nil {
+			return conflict("exchange", t.Exchange, err)
+		}
+	}
+	if err := ch.ExchangeDeclare(t.DLX(), "direct", true, false, false, false, nil); err != nil {
+		return conflict("exchange", t.DLX(), err)
+	}
+	if err := t.declareQueue(ch, t.DLQ(), nil, false); err != nil {
+		return err
+	}
+	if err := ch.QueueBind(t.DLQ(), t.DLQRoutingKey(), t.DLX(), false, nil); err != nil {
+		return fmt.Errorf("dlx: bind %s to %s: %w", t.DLQ(), t.DLX(), err)
+	}
+	backToWork := func(ttl time.Duration) amqp.Table {
+		return amqp.Table{
+			"x-message-ttl":             ttl.Milliseconds(),
+			"x-dead-letter-exchange":    "", // the default exchange: to the work queue only
+			"x-dead-letter-routing-key": t.Queue,
+		}
+	}
+	for _, d := range t.RetryDelays {
+		if err := t.declareQueue(ch, t.RetryQueue(d), backToWork(d), true); err != nil {
+			return err
+		}
+	}
+	workDL := amqp.Table{"x-dead-letter-exchange": t.DLX(), "x-dead-letter-routing-key": t.DLQRoutingKey()}
+	if t.SingleRetryDelay > 0 {
+		if err := t.declareQueue(ch, t.SingleRetryQueue(), backToWork(t.SingleRetryDelay), true); err != nil {
+			return err
+		}
+		workDL = amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": t.SingleRetryQueue()}
+	}
+	if !t.SkipWorkQueue {
+		args := amqp.Table{}
+		for k, v := range t.QueueArguments {
+			args[k] = v
+		}
+		for k, v := range workDL {
+			args[k] = v
+		}
+		if err := t.declareQueue(ch, t.Queue, args, true); err != nil {
+			return err
+		}
+		if t.Exchange != "" {
+			for _, key := range or2(t.BindingKeys, []string{t.Queue}) {
+				if err := ch.QueueBind(t.Queue, key, t.Exchange, false, nil); err != nil {
+					return fmt.Errorf("dlx: bind %s to %s with %q: %w", t.Queue, t.Exchange, key, err)
+				}
+			}
+		}
+	}
+	// RabbitMQ silently drops dead letters sent to an exchange that does not
+	// exist: make sure ours does, now that everything pointing at it does.
+	if err := ch.ExchangeDeclarePassive(t.DLX(), "direct", true, false, false, false, nil); err != nil {
+		return fmt.Errorf("dlx: the dead-letter exchange %s is missing after declaring it (deleted concurrently?): %w", t.DLX(), err)
+	}
+	return nil
+}
+
+func or2(s, fallback []string) []string {
+	if len(s) > 0 {
+		return s
+	}
+	return fallback
+}
+
+// declareQueue declares a durable queue of the topology's type;
+// deadLetters marks a queue that dead-letters (for at-least-once).
+func (t Topology) declareQueue(ch *amqp.Channel, name string, args amqp.Table, deadLetters bool) error {
+	if args == nil {
+		args = amqp.Table{}
+	}
+	if t.Type == Quorum {
+		args["x-queue-type"] = string(Quorum)
+		if t.DeliveryLimit > 0 {
+			args["x-delivery-limit"] = int64(t.DeliveryLimit)
+		}
+		if t.AtLeastOnce && deadLetters {
+			args["x-dead-letter-strategy"] = "at-least-once"
+			args["x-overflow"] = "reject-publish"
+		}
+	}
+	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
+		return conflict("queue", name, err)
+	}
+	return nil
+}
+
+// ConflictError: a queue or exchange exists with arguments other than the
+// topology's. Queue arguments cannot change once a queue exists.
+type ConflictError struct {
+	Kind     string // "queue" or "exchange"
+	Name     string
+	Argument string // the argument the broker named, if it did
+	Reason   string // the broker's text
+}
+
+func (e *ConflictError) Error() string {
+	arg := "arguments"
+	if e.Argument != "" {
+		arg = e.Argument
+	}
+	fix := fmt.Sprintf("delete it (rabbitmqctl delete_queue %s) so it is declared again, or change the Topology to match it", e.Name)
+	if e.Kind == "exchange" {
+		fix = "delete it (management UI, rabbitmqadmin) so it is declared again, or change the Topology to match it"
+	}
+	return fmt.Sprintf("dlx: %s %q already exists with a different %s (%s); %s arguments cannot change after creation: %s",
+		e.Kind, e.Name, arg, e.Reason, e.Kind, fix)
+}
+
+var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
+
+// conflict turns a PRECONDITION_FAILED from a declaration into a
+// *ConflictError; other errors are returned with the name added.
+func conflict(kind, name string, err error) error {
+	var aerr *amqp.Error
+	if errors.As(err, &aerr) && aerr.Code == amqp.PreconditionFailed {
+		ce := &ConflictError{Kind: kind, Name: name, Reason: aerr.Reason}
+		if m := inequivalentArg.FindStringSubmatch(aerr.Reason); m != nil {
+			ce.Argument = m[1]
+		}
+		return ce
+	}
+	return fmt.Errorf("dlx: declare %s %s: %w", kind, name, err)
+}

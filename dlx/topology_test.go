@@ -1,0 +1,254 @@
+package dlx_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/listener"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// topology returns a Topology on a fresh queue name whose queues are all
+// deleted when the test ends.
+func topology(t *testing.T, topo dlx.Topology) dlx.Topology {
+	t.Helper()
+	if topo.Queue == "" {
+		topo.Queue = brokertest.Name(t, "work")
+	}
+	t.Cleanup(func() {
+		brokertest.DeleteQueue(t, topo.Queue)
+		brokertest.DeleteQueue(t, topo.DLQ())
+		brokertest.DeleteQueue(t, topo.SingleRetryQueue())
+		for _, d := range topo.RetryDelays {
+			brokertest.DeleteQueue(t, topo.RetryQueue(d))
+		}
+	})
+	return topo
+}
+
+func declare(t *testing.T, topo dlx.Topology) {
+	t.Helper()
+	if err := topo.Declare(brokertest.Channel(t, brokertest.Dial(t))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newPublisher(t *testing.T) *publisher.Publisher {
+	t.Helper()
+	brokertest.Dial(t)
+	p, err := publisher.New(brokertest.URL(), publisher.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// arrival is one delivery of a message to the handler.
+type arrival struct {
+	at         time.Time
+	retryCount int
+}
+
+// listen runs a listener on topo.Queue with mw and a handler that always fails
+// with err, recording arrivals.
+func listen(t *testing.T, topo dlx.Topology, mw middleware.Middleware, err error) func() []arrival {
+	t.Helper()
+	var mu sync.Mutex
+	var arrivals []arrival
+	l, lerr := listener.New(topo.Queue, mw, func(_ context.Context, d *amqp.Delivery) error {
+		mu.Lock()
+		arrivals = append(arrivals, arrival{time.Now(), dlx.RetryCount(d)})
+		mu.Unlock()
+		return err
+	}, listener.WithURL(brokertest.URL()), listener.WithLogger(quiet), listener.WithDeclare(topo.Declare))
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return func() []arrival {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]arrival(nil), arrivals...)
+	}
+}
+
+func TestTiersEscalateThenDLQ(t *testing.T) {
+	topo := topology(t, dlx.Topology{RetryDelays: []time.Duration{time.Second, 2 * time.Second}})
+	declare(t, topo)
+	pub := newPublisher(t)
+	arrivals := listen(t, topo, middleware.Recover(topo.Tiers(pub)), errors.New("payment gateway down"))
+	brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: "order-7", Body: []byte("x")})
+
+	brokertest.Eventually(t, 10*time.Second, "the message on the DLQ", func() bool { return brokertest.Depth(t, topo.DLQ()) == 1 })
+	got := arrivals()
+	if len(got) != 3 {
+		t.Fatalf("%d arrivals, want 3 (first, after 1s, after 2s)", len(got))
+	}
+	for i, want := range []time.Duration{time.Second, 2 * time.Second} {
+		gap := got[i+1].at.Sub(got[i].at)
+		t.Logf("tier %d: back after %v with retry-count %d", i+1, gap, got[i+1].retryCount)
+		if gap < want-250*time.Millisecond || gap > want+250*time.Millisecond {
+			t.Errorf("arrival %d came %v after the previous one, want %v ± 250ms", i+2, gap, want)
+		}
+		if got[i+1].retryCount != i+1 {
+			t.Errorf("arrival %d has retry-count %d, want %d", i+2, got[i+1].retryCount, i+1)
+		}
+	}
+	d, _ := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), topo.DLQ())
+	if d.MessageId != "order-7" || d.Headers["x-exception-message"] != "payment gateway down" ||
+		d.Headers[dlx.RetryCountHeader] != int64(2) || d.Headers["x-amqpretry-original-queue"] != topo.Queue {
+		t.Errorf("DLQ message %s with headers %v", d.MessageId, d.Headers)
+	}
+	for _, q := range []string{topo.Queue, topo.RetryQueue(time.Second), topo.RetryQueue(2 * time.Second)} {
+		if n := brokertest.Depth(t, q); n != 0 {
+			t.Errorf("%s holds %d", q, n)
+		}
+	}
+}
+
+// Local retries first, handed to the tiers once the next wait is too long.
+func TestLocalRetriesHandOffToTiers(t *testing.T) {
+	topo := topology(t, dlx.Topology{RetryDelays: []time.Duration{time.Second}})
+	declare(t, topo)
+	pub := newPublisher(t)
+	chain := middleware.Chain(
+		middleware.Retry(10, middleware.WithInitialInterval(100*time.Millisecond), middleware.HandOffAfter(250*time.Millisecond)),
+		middleware.Recover(topo.Tiers(pub)),
+	)
+	arrivals := listen(t, topo, chain, errors.New("down"))
+	brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: "m"})
+	brokertest.Eventually(t, 10*time.Second, "the message on the DLQ", func() bool { return brokertest.Depth(t, topo.DLQ()) == 1 })
+	// 3 local attempts (waits 100ms, 200ms; 400ms is past the hand-off),
+	// the tier, 3 more local attempts, then the DLQ.
+	got := arrivals()
+	if len(got) != 6 || got[2].retryCount != 0 || got[3].retryCount != 1 {
+		t.Fatalf("%d arrivals (%+v), want 3 local attempts, a tier, 3 local attempts", len(got), got)
+	}
+	if gap := got[3].at.Sub(got[2].at); gap < 900*time.Millisecond {
+		t.Errorf("the tier returned the message after %v, want about 1s", gap)
+	}
+}
+
+func TestPermanentErrorsSkipTheTiers(t *testing.T) {
+	topo := topology(t, dlx.Topology{RetryDelays: []time.Duration{time.Second}})
+	declare(t, topo)
+	arrivals := listen(t, topo, middleware.Recover(topo.Tiers(newPublisher(t))), middleware.Permanent(errors.New("invalid JSON")))
+	brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: "m"})
+	brokertest.Eventually(t, 5*time.Second, "the message on the DLQ", func() bool { return brokertest.Depth(t, topo.DLQ()) == 1 })
+	if n := len(arrivals()); n != 1 {
+		t.Errorf("%d arrivals, want 1", n)
+	}
+}
+
+func TestQuorumTopology(t *testing.T) {
+	topo := topology(t, dlx.Topology{
+		Type: dlx.Quorum, RetryDelays: []time.Duration{500 * time.Millisecond}, DeliveryLimit: 20, AtLeastOnce: true,
+	})
+	declare(t, topo)
+	declare(t, topo) // idempotent
+	out := brokertest.Rabbitmqctl(t, "list_queues", "name", "type", "arguments")
+	for _, q := range []string{topo.Queue, topo.DLQ(), topo.RetryQueue(500 * time.Millisecond)} {
+		line := ""
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, q+"\t") {
+				line = l
+			}
+		}
+		if !strings.Contains(line, "quorum") {
+			t.Errorf("%s is not a quorum queue: %q", q, line)
+		}
+	}
+	arrivals := listen(t, topo, middleware.Recover(topo.Tiers(newPublisher(t))), errors.New("down"))
+	brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: "q"})
+	brokertest.Eventually(t, 10*time.Second, "the message on the quorum DLQ", func() bool { return brokertest.Depth(t, topo.DLQ()) == 1 })
+	if n := len(arrivals()); n != 2 {
+		t.Errorf("%d arrivals, want 2 (first, after the tier)", n)
+	}
+}
+
+func TestConflictingDeclaration(t *testing.T) {
+	topo := topology(t, dlx.Topology{RetryDelays: []time.Duration{10 * time.Second}})
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	if _, err := ch.QueueDeclare(topo.RetryQueue(10*time.Second), true, false, false, false, amqp.Table{"x-message-ttl": int64(5000)}); err != nil {
+		t.Fatal(err)
+	}
+	err := topo.Declare(brokertest.Channel(t, brokertest.Dial(t)))
+	var ce *dlx.ConflictError
+	if !errors.As(err, &ce) || ce.Name != topo.RetryQueue(10*time.Second) || ce.Argument != "x-message-ttl" {
+		t.Fatalf("err = %v, want a ConflictError on the tier's x-message-ttl", err)
+	}
+	for _, want := range []string{topo.RetryQueue(10 * time.Second), "x-message-ttl", "rabbitmqctl delete_queue"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not mention %q: %v", want, err)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	tests := map[string]dlx.Topology{
+		"dlx: Topology.Queue is required": {},
+		"dlx: Topology.Type must be":      {Queue: "q", Type: "stream"},
+		"not both":                        {Queue: "q", RetryDelays: []time.Duration{time.Second}, SingleRetryDelay: time.Second},
+		"in increasing order":             {Queue: "q", RetryDelays: []time.Duration{time.Minute, time.Second}},
+		"need Type: dlx.Quorum":           {Queue: "q", DeliveryLimit: 3},
+		"dlx: Topology.RetryDelays[0] must be at least 1ms, got 0s": {Queue: "q", RetryDelays: []time.Duration{0}},
+		"two retry tiers share the queue name \"q.retry.1s\"":       {Queue: "q", RetryDelays: []time.Duration{time.Second, time.Second}},
+	}
+	for want, topo := range tests {
+		if err := topo.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate(%+v) = %v, want %q", topo, err, want)
+		}
+	}
+	if got := (dlx.Topology{Queue: "orders"}).RetryQueue(90 * time.Second); got != "orders.retry.90s" {
+		t.Errorf("RetryQueue = %q", got)
+	}
+	for d, want := range map[time.Duration]string{500 * time.Millisecond: "500ms", time.Minute: "1m", 2 * time.Hour: "2h", 90 * time.Minute: "90m"} {
+		if got := dlx.FormatDelay(d); got != want {
+			t.Errorf("FormatDelay(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+// The articles' layout: a rejection is a retry, atomically in the broker.
+func TestSingleRetryDelayLayout(t *testing.T) {
+	topo := topology(t, dlx.Topology{SingleRetryDelay: 300 * time.Millisecond})
+	declare(t, topo)
+	pub := newPublisher(t)
+	final := recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())
+	arrivals := listen(t, topo, middleware.Recover(topo.RejectToRetry(2, final)), errors.New("down"))
+	brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: "s"})
+	brokertest.Eventually(t, 10*time.Second, "the message on the DLQ", func() bool { return brokertest.Depth(t, topo.DLQ()) == 1 })
+	got := arrivals()
+	if len(got) != 3 {
+		t.Fatalf("%d arrivals, want 3 (first and two retries)", len(got))
+	}
+	if gap := got[1].at.Sub(got[0].at); gap < 250*time.Millisecond {
+		t.Errorf("retried after %v, want the 300ms TTL", gap)
+	}
+	if got[2].retryCount != 2 {
+		t.Errorf("RetryCount from x-death = %d on the last arrival, want 2", got[2].retryCount)
+	}
+}
