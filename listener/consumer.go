@@ -82,15 +82,27 @@ func (r *run) startConsumer(conn *amqp.Connection, ended chan<- *consumer) (*con
 	l.mu.Unlock()
 
 	c.deliveries, c.ended = deliveries, ended
+	// When the channel dies, its deliveries can no longer be settled (the
+	// broker has requeued them): cancel their handlers and waits at once,
+	// not when the reader next looks, so none of them reaches a recoverer.
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	r.consumers.Add(1)
+	go func() {
+		defer r.consumers.Done()
+		<-closes
+		cancel()
+	}()
 	c.spawnReader()
 	return c, nil
 }
 
 // stop cancels consumption; deliveries in flight finish and settle, and the
-// channel closes after them.
+// channel closes after them. It does not wait for the broker's cancel-ok, so
+// a dead connection cannot stall a shutdown; deliveries the broker sends
+// meanwhile stay unacked and are requeued when the channel closes.
 func (c *consumer) stop() {
 	if c.stopping.CompareAndSwap(false, true) {
-		if err := c.ch.Cancel(c.tag, false); err != nil {
+		if err := c.ch.Cancel(c.tag, true); err != nil {
 			c.cancel() // the channel is gone: nothing can be settled any more
 		}
 	}
@@ -135,9 +147,11 @@ func (c *consumer) read() {
 		dd := &delivery{Delivery: d, c: c}
 		dd.reader.Store(true)
 		c.process(dd)
-		if !dd.reader.Load() {
+		if !dd.reader.CompareAndSwap(true, false) {
 			return // it parked: another goroutine reads now
 		}
+		// Done with dd: a late Park on it (from a goroutine its handler left
+		// behind) finds reader false and starts no second reader.
 	}
 	c.finish()
 }
@@ -153,7 +167,10 @@ func (c *consumer) finish() {
 		} else {
 			l.cfg.logger.Warn("listener: the broker cancelled a consumer (queue deleted?)", "queue", l.queue, "consumer", c.tag)
 		}
-		c.ended <- c // buffered for every consumer: never blocks
+		select {
+		case c.ended <- c: // buffered for every consumer
+		default: // serve is gone with its connection: nobody replaces anything
+		}
 	}
 	if c.ch.IsClosed() {
 		// Deliveries of a dead channel can never be settled: stop their
@@ -175,6 +192,12 @@ func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 		select {
 		case c.gate <- struct{}{}:
 			c.waiting.Add(-1)
+			select {
+			case <-c.r.interrupt: // both were ready: shutdown wins, no new attempt starts
+				<-c.gate
+				return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errors.New("shutting down before the handler ran")}
+			default:
+			}
 		case <-ctx.Done():
 			c.waiting.Add(-1)
 			return ctx.Err()
@@ -263,6 +286,9 @@ func (l *Listener) requeueDelay(d *amqp.Delivery) time.Duration {
 		return 0
 	}
 	delay := l.cfg.requeueDelay
+	if delay == 0 {
+		return 0
+	}
 	if n := deliveryCount(d.Headers); n > 1 {
 		for i := 1; i < n && delay < l.cfg.requeueDelayMax; i++ {
 			delay *= 2

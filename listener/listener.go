@@ -73,6 +73,9 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	if cfg.max < cfg.min {
 		cfg.fail("WithMaxConcurrentConsumers expects at least the concurrent consumers (%d), got %d", cfg.min, cfg.max)
 	}
+	if cfg.max > MaxConsumers {
+		cfg.fail("WithMaxConcurrentConsumers expects at most %d (each consumer is a channel; RabbitMQ allows 2047 per connection), got %d", MaxConsumers, cfg.max)
+	}
 	if _, err := amqpurl.Parse(cfg.url); err != nil {
 		cfg.fail("WithURL: %v", err)
 	}
@@ -135,6 +138,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	}
 	r := &run{
 		l:         l,
+		ctx:       ctx,
 		interrupt: make(chan struct{}),
 	}
 	// Handlers outlive ctx by up to the shutdown timeout: they get a context
@@ -154,6 +158,7 @@ func (l *Listener) Run(ctx context.Context) error {
 // run is the state of one call to Run.
 type run struct {
 	l              *Listener
+	ctx            context.Context // Run's: done means shut down
 	handlerCtx     context.Context
 	cancelHandlers context.CancelFunc
 	interrupt      chan struct{} // closed at shutdown: ends retry waits and requeue delays
@@ -170,19 +175,19 @@ func (r *run) loop(ctx context.Context) error {
 		backoff.WithMaxElapsedTime(0),
 	)
 	for {
-		conn, err := l.dial()
+		if ctx.Err() != nil {
+			return nil
+		}
+		conn, err := l.dial(ctx)
 		if err == nil {
 			redial.Reset()
 			err = r.serve(ctx, conn)
-			if err == nil || ctx.Err() != nil {
-				return err
-			}
 		}
-		if isFatal(err) {
+		switch {
+		case ctx.Err() != nil, err == nil:
+			return nil // shutting down, whatever else happened meanwhile
+		case isFatal(err):
 			return err
-		}
-		if ctx.Err() != nil {
-			return nil
 		}
 		delay := redial.NextBackOff()
 		l.cfg.logger.Warn("listener: connection problem; redialing", "queue", l.queue, "url", l.redacted, "error", err, "retry_in", delay)
@@ -221,10 +226,10 @@ func (r *run) shutdown() {
 	}
 }
 
-func (l *Listener) dial() (*amqpconn.Conn, error) {
+func (l *Listener) dial(ctx context.Context) (*amqpconn.Conn, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(l.cfg.connectionName)
-	conn, err := amqpconn.Dial(l.cfg.url, amqp.Config{
+	conn, err := amqpconn.DialContext(ctx, l.cfg.url, amqp.Config{
 		Heartbeat:       l.cfg.heartbeat,
 		TLSClientConfig: l.cfg.tls,
 		Locale:          "en_US",

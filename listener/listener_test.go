@@ -226,7 +226,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	}{
 		{"empty queue", "", nil, h, nil, `New expects a queue name, got ""`},
 		{"nil handler", "q", nil, nil, nil, "New expects a non-nil handler"},
-		{"min below one", "q", nil, h, []listener.Option{listener.WithConcurrentConsumers(0)}, "WithConcurrentConsumers expects at least 1, got 0"},
+		{"min below one", "q", nil, h, []listener.Option{listener.WithConcurrentConsumers(0)}, "WithConcurrentConsumers expects 1 to 1000, got 0"},
 		{"max below min", "q", nil, h, []listener.Option{listener.WithConcurrentConsumers(3), listener.WithMaxConcurrentConsumers(2)}, "WithMaxConcurrentConsumers expects at least the concurrent consumers (3), got 2"},
 		{"negative prefetch", "q", nil, h, []listener.Option{listener.WithPrefetch(-1)}, "WithPrefetch expects 0 (no limit) to 65535, got -1"},
 		{"bad scheme", "q", nil, h, []listener.Option{listener.WithURL("http://u:hunter2@localhost/")}, "WithURL: invalid AMQP URL \"http://u:xxxxx@localhost/\""},

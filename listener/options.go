@@ -13,6 +13,10 @@ import (
 // names the option and the value.
 type Option func(*config)
 
+// MaxConsumers bounds the consumers of one listener: each is an AMQP channel,
+// and RabbitMQ's channel_max is 2047 per connection by default.
+const MaxConsumers = 1000
+
 // DefaultPrefetch is the default number of unacked deliveries per consumer.
 //
 // It is Spring AMQP's default, and it is large on purpose: a delivery waiting
@@ -104,8 +108,8 @@ func WithLogger(l *slog.Logger) Option {
 // (Spring's concurrentConsumers). Default 1.
 func WithConcurrentConsumers(n int) Option {
 	return func(c *config) {
-		if n < 1 {
-			c.fail("WithConcurrentConsumers expects at least 1, got %d", n)
+		if n < 1 || n > MaxConsumers {
+			c.fail("WithConcurrentConsumers expects 1 to %d, got %d", MaxConsumers, n)
 		}
 		c.min = n
 	}
@@ -169,7 +173,8 @@ func WithConsumerTimeout(d time.Duration) Option {
 // WithRequeueDelay sets how long a redelivered message that fails again waits
 // before it is requeued, so that a poison message without a recoverer comes
 // back once a second instead of a thousand times. The delay doubles with the
-// broker's x-delivery-count (quorum queues) up to max. Default 1s, 30s.
+// broker's x-delivery-count (quorum queues) up to max. Default 1s, 30s;
+// initial 0 turns the delay off.
 func WithRequeueDelay(initial, max time.Duration) Option {
 	return func(c *config) {
 		if initial < 0 || max < initial {

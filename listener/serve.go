@@ -19,6 +19,10 @@ import (
 // fatal happens.
 func (r *run) serve(ctx context.Context, conn *amqpconn.Conn) error {
 	l := r.l
+	if ctx.Err() != nil {
+		conn.Abandon()
+		return nil
+	}
 	// After a graceful shutdown everything is settled and Close is clean;
 	// after a loss, a write stuck in the socket would hang amqp091's
 	// shutdown, so the socket goes first.
@@ -43,10 +47,12 @@ func (r *run) serve(ctx context.Context, conn *amqpconn.Conn) error {
 	for {
 		select {
 		case <-ctx.Done():
-			r.interruptOnce.Do(func() { close(r.interrupt) })
+			// Stop every consumer before interrupting: deliveries requeued by
+			// the interrupt must not come back to consumers of ours.
 			for _, c := range s.active {
 				c.stop()
 			}
+			r.interruptOnce.Do(func() { close(r.interrupt) })
 			r.shutdown() // the connection stays open until in-flight deliveries are settled
 			return nil
 		case err := <-connClosed:
@@ -109,7 +115,7 @@ type session struct {
 // off while the queue is missing or the broker refuses.
 func (s *session) fillToMin() error {
 	l := s.r.l
-	for len(s.active) < l.cfg.min && !time.Now().Before(s.restartAt) {
+	for len(s.active) < l.cfg.min && !time.Now().Before(s.restartAt) && s.r.ctx.Err() == nil {
 		if err := s.add(); err != nil {
 			if s.conn.IsClosed() {
 				return nil // the connection loss arrives next

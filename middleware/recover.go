@@ -47,6 +47,11 @@ func Recover(r Recoverer) Middleware {
 			if cerr := ctx.Err(); cerr != nil {
 				return &InterruptedError{Attempt: Attempt(ctx), Reason: cerr, Last: err}
 			}
+			select {
+			case <-interruptFrom(ctx): // shutting down: requeue, never the DLQ
+				return &InterruptedError{Attempt: Attempt(ctx), Reason: errInterruptSignalled, Last: err}
+			default:
+			}
 			if willRetry(ctx, err) {
 				return err
 			}

@@ -1,6 +1,8 @@
 package amqpconn_test
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -54,5 +56,24 @@ func TestAbandonFreesAStuckWrite(t *testing.T) {
 	}
 	if !conn.IsClosed() {
 		t.Error("the connection is not closed after Abandon")
+	}
+}
+
+func TestDialContextGivesUpWhenCancelled(t *testing.T) {
+	brokertest.Dial(t)
+	proxy, err := faultproxy.Start("127.0.0.1:5672")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	proxy.Blackhole(true) // TCP connects, the handshake never answers
+	defer proxy.Blackhole(false)
+	url, _ := proxy.URL(brokertest.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	begin := time.Now()
+	_, err = amqpconn.DialContext(ctx, url, amqp.Config{}, 10*time.Second)
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(begin) > 2*time.Second {
+		t.Fatalf("DialContext = %v after %v, want the context's error at once", err, time.Since(begin))
 	}
 }
