@@ -12,9 +12,14 @@ STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 # Modules with their own go.mod: the library, then programs that use it.
 MODULES := . examples
 
-.PHONY: test demo broker fmt vet staticcheck unit
+# The oldest Go the library supports. `go mod tidy` raises a module's go line
+# when it picks a newer dependency (otel past v1.41 needs Go 1.26): the
+# gomod check catches that.
+GO_FLOOR := 1.24
 
-test: broker fmt vet staticcheck unit
+.PHONY: test demo broker fmt gomod vet staticcheck unit
+
+test: broker fmt gomod vet staticcheck unit
 
 demo: broker
 	cd examples && $(GO) run ./quickstart
@@ -25,6 +30,13 @@ broker:
 fmt:
 	@unformatted=$$(find . -name '*.go' -not -path './.bin/*' -print0 | xargs -0 gofmt -l); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change these files (run gofmt -w):"; echo "$$unformatted"; exit 1; fi
+
+gomod:
+	@for m in $(MODULES); do \
+	  line=$$(sed -n 's/^go //p' $$m/go.mod); \
+	  case "$$line" in $(GO_FLOOR)|$(GO_FLOOR).*) ;; \
+	  *) echo "$$m/go.mod says go $$line; the floor is $(GO_FLOOR): pin the dependency that raised it"; exit 1;; esac; \
+	done
 
 vet:
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done

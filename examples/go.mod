@@ -1,6 +1,6 @@
 module github.com/amqpretry/amqpretry/examples
 
-go 1.24
+go 1.24.0
 
 require (
 	github.com/amqpretry/amqpretry v0.0.0
@@ -8,6 +8,15 @@ require (
 	go.uber.org/goleak v1.3.0
 )
 
-require github.com/cenkalti/backoff/v4 v4.3.0 // indirect
+require (
+	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/go-logr/stdr v1.2.2 // indirect
+	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/otel v1.41.0 // indirect
+	go.opentelemetry.io/otel/metric v1.41.0 // indirect
+	go.opentelemetry.io/otel/trace v1.41.0 // indirect
+)
 
 replace github.com/amqpretry/amqpretry => ../

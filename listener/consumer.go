@@ -13,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/telemetry"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -31,6 +32,7 @@ type consumer struct {
 	handle     middleware.Handler // mw(gate(CatchPanics(h)))
 	gate       chan struct{}
 	start      time.Time
+	spans      spanBuffers // for startProcess, used by the current reader only
 
 	consuming atomic.Bool
 	stopping  atomic.Bool // the listener cancelled it: requeue what still arrives
@@ -70,7 +72,9 @@ func (r *run) startConsumer(conn *amqp.Connection, ended chan<- *consumer) (*con
 	ctx, cancel := context.WithCancel(r.handlerCtx)
 	c := &consumer{
 		r: r, ch: ch, tag: tag, cancel: cancel,
-		ctx:   middleware.WithQueue(middleware.WithInterrupt(ctx, r.interrupt), l.queue),
+		// The chain's Retry and Recover use the listener's telemetry unless
+		// given their own.
+		ctx:   telemetry.With(middleware.WithQueue(middleware.WithInterrupt(ctx, r.interrupt), l.queue), l.tel),
 		gate:  make(chan struct{}, 1),
 		start: time.Now(),
 	}
@@ -80,6 +84,7 @@ func (r *run) startConsumer(conn *amqp.Connection, ended chan<- *consumer) (*con
 	l.mu.Lock()
 	l.consumers[c] = struct{}{}
 	l.mu.Unlock()
+	l.tel.ActiveConsumers.Add(ctx, 1, l.attrs.queue.Add...)
 
 	c.deliveries, c.ended = deliveries, ended
 	// When the channel dies, its deliveries can no longer be settled (the
@@ -114,12 +119,21 @@ func (c *consumer) stop() {
 // goroutine hands the reading over to a new one and stays with the delivery.
 // Exactly one goroutine reads at a time.
 
-// delivery is one message in flight; it is the middleware.Parker of its
-// context.
+// delivery is one message in flight. It is also the context its chain runs
+// in (the process span's context plus itself as the middleware.Parker), which
+// saves an allocation per message.
 type delivery struct {
+	context.Context
 	amqp.Delivery
 	c      *consumer
 	reader atomic.Bool // its goroutine is still the consumer's reader
+}
+
+func (dd *delivery) Value(key any) any {
+	if key == middleware.ParkerKey() {
+		return dd
+	}
+	return dd.Context.Value(key)
 }
 
 // Park hands the reading of deliveries to a new goroutine, once.
@@ -143,7 +157,6 @@ func (c *consumer) read() {
 		}
 		c.inFlight.Add(1)
 		c.pending.Add(1)
-		c.lastActive.Store(time.Now().UnixNano())
 		dd := &delivery{Delivery: d, c: c}
 		dd.reader.Store(true)
 		c.process(dd)
@@ -183,41 +196,55 @@ func (c *consumer) finish() {
 	l.mu.Lock()
 	delete(l.consumers, c)
 	l.mu.Unlock()
+	l.tel.ActiveConsumers.Add(context.Background(), -1, l.attrs.queue.Add...)
 }
 
-// gated is the consumer's worker gate around the handler.
+// gated is the consumer's worker gate around the handler. h is
+// CatchPanics(handler): it never panics, so the gate is released without a
+// defer.
 func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 	return func(ctx context.Context, d *amqp.Delivery) error {
-		c.waiting.Add(1)
 		select {
-		case c.gate <- struct{}{}:
-			c.waiting.Add(-1)
-			select {
-			case <-c.r.interrupt: // both were ready: shutdown wins, no new attempt starts
-				<-c.gate
-				return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errors.New("shutting down before the handler ran")}
-			default:
+		case c.gate <- struct{}{}: // free: the usual case, no select machinery
+		default:
+			if err := c.waitForGate(ctx); err != nil {
+				return err
 			}
-		case <-ctx.Done():
-			c.waiting.Add(-1)
-			return ctx.Err()
-		case <-c.r.interrupt:
-			c.waiting.Add(-1)
-			return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errors.New("shutting down before the handler ran")}
+		}
+		select {
+		case <-c.r.interrupt: // shutdown began while we waited: no new attempt starts
+			<-c.gate
+			return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
+		default:
 		}
 		start := time.Now().UnixNano()
 		c.running.Add(1)
 		c.busySince.Store(start)
-		defer func() {
-			end := time.Now().UnixNano()
-			c.busyNanos.Add(end - start)
-			c.busySince.Store(0)
-			c.calls.Add(1)
-			c.lastActive.Store(end)
-			c.running.Add(-1)
-			<-c.gate
-		}()
-		return h(ctx, d)
+		err := h(ctx, d)
+		end := time.Now().UnixNano()
+		c.busyNanos.Add(end - start)
+		c.busySince.Store(0)
+		c.calls.Add(1)
+		c.lastActive.Store(end)
+		c.running.Add(-1)
+		<-c.gate
+		return err
+	}
+}
+
+var errShuttingDown = errors.New("shutting down before the handler ran")
+
+// waitForGate waits for the gate held by another delivery's handler.
+func (c *consumer) waitForGate(ctx context.Context) error {
+	c.waiting.Add(1)
+	defer c.waiting.Add(-1)
+	select {
+	case c.gate <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.r.interrupt:
+		return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
 	}
 }
 
@@ -227,12 +254,17 @@ func (c *consumer) process(dd *delivery) {
 	defer c.inFlight.Add(-1)
 	l := c.r.l
 	d := &dd.Delivery
-	err := c.call(middleware.WithParker(c.ctx, dd), d)
+	began := time.Now()
+	ctx, span := l.startProcess(c.ctx, d, &c.spans)
+	dd.Context = ctx
+	err := c.call(dd, d)
 	settlement := middleware.SettlementFor(err)
 	if settlement == middleware.Requeue {
 		c.waitBeforeRequeue(dd)
 	}
-	if _, serr := middleware.Settle(d, err); serr != nil {
+	_, serr := middleware.Settle(d, err)
+	l.endProcess(ctx, span, began, err, settlement)
+	if serr != nil {
 		l.cfg.logger.Debug("listener: delivery not settled; its channel is gone and the broker requeues it", "queue", l.queue, "delivery_tag", d.DeliveryTag, "error", serr)
 		return
 	}
@@ -272,6 +304,9 @@ func (c *consumer) waitBeforeRequeue(dd *delivery) {
 		return
 	}
 	dd.Park()
+	l := c.r.l
+	l.tel.Parked.Add(c.ctx, 1, l.attrs.queue.Add...)
+	defer l.tel.Parked.Add(c.ctx, -1, l.attrs.queue.Add...)
 	timer := time.NewTimer(delay)
 	defer timer.Stop()
 	select {

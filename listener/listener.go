@@ -14,6 +14,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
+	"github.com/amqpretry/amqpretry/internal/telemetry"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -26,6 +27,9 @@ type Listener struct {
 	handler  middleware.Handler
 	cfg      config
 	redacted string
+	tel      *telemetry.Telemetry
+	spanName string
+	attrs    spanAttrs
 
 	running atomic.Bool
 	stats   counters
@@ -94,11 +98,15 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
-	return &Listener{
+	l := &Listener{
 		queue: queue, mw: mw, handler: h, cfg: cfg,
 		redacted:  amqpurl.Redact(cfg.url),
 		consumers: map[*consumer]struct{}{},
-	}, nil
+		tel:       telemetry.New(cfg.telemetry),
+		spanName:  "process " + queue,
+	}
+	l.attrs = newSpanAttrs(l.tel, queue)
+	return l, nil
 }
 
 // Stats returns a snapshot of the consumers and counters.

@@ -7,6 +7,11 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
 // Option configures New. An invalid value makes New fail with an error that
@@ -46,6 +51,8 @@ type config struct {
 	idleTimeout     time.Duration
 	drainTarget     time.Duration
 	missingFatal    bool
+	telemetry       telemetry.Config
+	producerParent  bool
 	errs            []error
 }
 
@@ -205,6 +212,32 @@ func WithIdleTimeout(d time.Duration) Option {
 		c.idleTimeout = d
 	}
 }
+
+// WithTracerProvider sets where the process spans go, and the attempt spans
+// of a Retry in the chain that has no provider of its own. Default: the
+// global provider.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.telemetry.TracerProvider = tp }
+}
+
+// WithMeterProvider sets where the listener's metrics go, and those of the
+// Retry and Recover in its chain. Default: the global provider.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) { c.telemetry.MeterProvider = mp }
+}
+
+// WithPropagators sets how the producer's trace context is read from the
+// message headers. Default: the global propagators.
+func WithPropagators(p propagation.TextMapPropagator) Option {
+	return func(c *config) { c.telemetry.Propagators = p }
+}
+
+// WithProducerAsParent makes the producer's span, read from the traceparent
+// header, the parent of the process span. By default it is linked instead,
+// as OpenTelemetry's messaging conventions advise: a consumer's trace then
+// starts with it rather than hanging off a producer trace that may have
+// ended long ago.
+func WithProducerAsParent() Option { return func(c *config) { c.producerParent = true } }
 
 // WithMissingQueueFatal makes a missing queue end Run with ErrQueueNotFound
 // instead of being retried with backoff.

@@ -154,3 +154,14 @@ func HandlerError(err error) error {
 		}
 	}
 }
+
+// ErrorType names an error for telemetry and fault headers: the Go type of
+// the handler's error (HandlerError), or "panic" for a handler panic.
+func ErrorType(err error) string {
+	err = HandlerError(err)
+	var pe *PanicError
+	if errors.As(err, &pe) {
+		return "panic"
+	}
+	return fmt.Sprintf("%T", err)
+}

@@ -88,3 +88,24 @@ func TestParkIsCalledBeforeEveryWait(t *testing.T) {
 	}
 	middleware.Park(context.Background()) // no Parker: nothing happens
 }
+
+// A context type of one's own can carry the Parker without WithParker.
+type parkingContext struct {
+	context.Context
+	p middleware.Parker
+}
+
+func (c parkingContext) Value(key any) any {
+	if key == middleware.ParkerKey() {
+		return c.p
+	}
+	return c.Context.Value(key)
+}
+
+func TestParkerKey(t *testing.T) {
+	p := &countingParker{}
+	middleware.Park(parkingContext{context.Background(), p})
+	if p.n != 1 {
+		t.Fatalf("Park called the Parker %d times, want 1", p.n)
+	}
+}

@@ -7,6 +7,11 @@ import "context"
 // The listener implements it to keep consuming while the delivery waits.
 type Parker interface{ Park() }
 
+// ParkerKey is the context key under which Park looks for the Parker, for a
+// context type of your own that carries one without a WithParker allocation:
+// its Value(ParkerKey()) returns the Parker.
+func ParkerKey() any { return parkerKey }
+
 // WithParker returns a context whose deliveries report waits to p.
 func WithParker(ctx context.Context, p Parker) context.Context {
 	return context.WithValue(ctx, parkerKey, p)

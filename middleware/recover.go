@@ -6,6 +6,10 @@ import (
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
 // Recoverer takes a delivery whose processing has failed for good and puts it
@@ -56,13 +60,18 @@ func Recover(r Recoverer) Middleware {
 				return err
 			}
 			Park(ctx) // a recoverer does I/O, which may wait out an outage
-			if rerr := r.Recover(ctx, d, err); rerr != nil {
-				if errors.Is(rerr, ErrReject) {
-					return fmt.Errorf("%w; handler error: %w", rerr, err)
-				}
+			rerr := r.Recover(ctx, d, err)
+			switch {
+			case rerr == nil:
+				recorded(ctx, outcomeRecovered, nil)
+				return nil
+			case errors.Is(rerr, ErrReject):
+				recorded(ctx, outcomeRejected, nil)
+				return fmt.Errorf("%w; handler error: %w", rerr, err)
+			default:
+				recorded(ctx, outcomeRecoveryFailed, rerr)
 				return &RecoveryError{Err: rerr, Cause: err}
 			}
-			return nil
 		}
 	}
 }
@@ -77,4 +86,25 @@ func WithQueue(ctx context.Context, queue string) context.Context {
 func Queue(ctx context.Context) string {
 	q, _ := ctx.Value(queueKey).(string)
 	return q
+}
+
+// Outcomes of amqpretry.recoveries and of the span event Recover adds.
+const (
+	outcomeRecovered      = "recovered"
+	outcomeRejected       = "rejected"
+	outcomeRecoveryFailed = "failed"
+)
+
+// recorded counts a recovery and notes it on the current span (the attempt's
+// when Recover sits inside Retry).
+func recorded(ctx context.Context, outcome string, err error) {
+	tel := telemetry.From(ctx)
+	tel.Recoveries.Add(ctx, 1, tel.Attrs("messaging.destination.name", Queue(ctx), AttrOutcome, outcome).Add...)
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		attrs := []attribute.KeyValue{attribute.String(AttrOutcome, outcome)}
+		if err != nil {
+			attrs = append(attrs, attribute.String("exception.message", err.Error()))
+		}
+		span.AddEvent("recovery", trace.WithAttributes(attrs...))
+	}
 }

@@ -9,6 +9,13 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
 // Default backoff of Retry: 1s, 2s, 4s, 8s, then 10s between attempts.
@@ -72,6 +79,19 @@ func HandOffAfter(threshold time.Duration) RetryOption {
 	return func(p *retryPolicy) { p.handOff = threshold; p.handOffSet = true }
 }
 
+// WithTracerProvider sets where Retry's attempt spans go. Default: the
+// listener's provider when Retry runs in a listener, else the global one.
+func WithTracerProvider(tp trace.TracerProvider) RetryOption {
+	return func(p *retryPolicy) { p.telemetry.TracerProvider = tp }
+}
+
+// WithMeterProvider sets where Retry's metrics (amqpretry.attempts,
+// amqpretry.retries, amqpretry.deliveries.parked) go. Default: the listener's
+// provider when Retry runs in a listener, else the global one.
+func WithMeterProvider(mp metric.MeterProvider) RetryOption {
+	return func(p *retryPolicy) { p.telemetry.MeterProvider = mp }
+}
+
 // RetryIf retries only errors for which retryable returns true; the others are
 // returned at once, unchanged (and recovered by Recover). Permanent errors are
 // never retried, whatever retryable says.
@@ -127,6 +147,9 @@ func Retry(maxAttempts int, opts ...RetryOption) Middleware {
 	if err := p.validate(); err != nil {
 		panic(err.Error())
 	}
+	if p.telemetry != (telemetry.Config{}) {
+		p.tel = telemetry.New(p.telemetry)
+	}
 	return func(next Handler) Handler {
 		return func(ctx context.Context, d *amqp.Delivery) error {
 			return p.run(ctx, d, next)
@@ -178,6 +201,8 @@ type retryPolicy struct {
 	retryIf     func(error) bool
 	onRetry     func(context.Context, RetryEvent)
 	clock       clock
+	telemetry   telemetry.Config
+	tel         *telemetry.Telemetry // nil: the listener's, else the globals
 }
 
 func (p *retryPolicy) validate() error {
@@ -204,36 +229,139 @@ func (p *retryPolicy) run(ctx context.Context, d *amqp.Delivery, next Handler) e
 			return p.runProbe(ctx, pr, d, next)
 		}
 	}
-	ex := &execution{policy: p}
+	tel := p.tel
+	if tel == nil {
+		tel = telemetry.From(ctx) // the listener's, else the globals'
+	}
+	ex := &execution{policy: p, tel: tel, attrs: tel.ForQueue(Queue(ctx))}
 	if p.maxElapsed > 0 {
 		ex.start = p.clock.Now()
 	}
-	ex.first = attemptContext{Context: ctx, exec: ex, attempt: 1}
-	actx := &ex.first
+	attempt := 1
 	for {
+		actx, span := ex.startAttempt(ctx, attempt)
 		err := next(actx, d)
 		if err == nil {
+			ex.endAttempt(ctx, span, outcomeSucceeded, nil)
 			return nil
 		}
+		span = ex.failedFirst(ctx, attempt, span)
 		if errors.Is(err, ErrInterrupted) {
+			ex.endAttempt(ctx, span, outcomeInterrupted, err)
 			return err
 		}
 		if cerr := ctx.Err(); cerr != nil {
-			return &InterruptedError{Attempt: actx.attempt, Reason: cerr, Last: err}
+			ex.endAttempt(ctx, span, outcomeInterrupted, err)
+			return &InterruptedError{Attempt: attempt, Reason: cerr, Last: err}
 		}
-		dec := ex.decide(actx.attempt, err)
+		dec := ex.decide(attempt, err)
 		if !dec.retry {
-			return dec.finalError(actx.attempt, err)
+			ex.endAttempt(ctx, span, dec.outcome(), err)
+			return dec.finalError(attempt, err)
 		}
+		if span.IsRecording() {
+			span.AddEvent("retry scheduled", trace.WithAttributes(attribute.Float64(AttrRetryDelay, dec.delay.Seconds())))
+		}
+		ex.endAttempt(ctx, span, outcomeRetrying, err)
+		tel.Retries.Add(ctx, 1, ex.attrs.Queue.Add...)
 		if p.onRetry != nil {
-			p.onRetry(ctx, RetryEvent{Delivery: d, Attempt: actx.attempt, Err: err, Delay: dec.delay})
+			p.onRetry(ctx, RetryEvent{Delivery: d, Attempt: attempt, Err: err, Delay: dec.delay})
 		}
 		Park(ctx)
-		if werr := p.clock.Wait(ctx, interruptFrom(ctx), dec.delay); werr != nil {
-			return &InterruptedError{Attempt: actx.attempt, Reason: werr, Last: err}
+		tel.Parked.Add(ctx, 1, ex.attrs.Queue.Add...)
+		werr := p.clock.Wait(ctx, interruptFrom(ctx), dec.delay)
+		tel.Parked.Add(ctx, -1, ex.attrs.Queue.Add...)
+		if werr != nil {
+			return &InterruptedError{Attempt: attempt, Reason: werr, Last: err}
 		}
-		actx = &attemptContext{Context: ctx, exec: ex, attempt: actx.attempt + 1}
+		attempt++
 	}
+}
+
+// Span attribute and outcome names of the attempt spans and the
+// amqpretry.attempts metric.
+const (
+	AttrAttempt    = "amqpretry.attempt"     // the attempt's number, 1-based
+	AttrOutcome    = "amqpretry.outcome"     // how the attempt ended
+	AttrRetryDelay = "amqpretry.retry.delay" // seconds until the next attempt, on the "retry scheduled" event
+
+	outcomeSucceeded    = telemetry.OutcomeSucceeded
+	outcomeRetrying     = telemetry.OutcomeRetrying
+	outcomeExhausted    = telemetry.OutcomeExhausted
+	outcomePermanent    = telemetry.OutcomePermanent
+	outcomeNotRetryable = telemetry.OutcomeNotRetryable
+	outcomeTimeLimited  = telemetry.OutcomeTimeLimited
+	outcomeHandedOff    = telemetry.OutcomeHandedOff
+	outcomeInterrupted  = telemetry.OutcomeInterrupted
+)
+
+func (d decision) outcome() string {
+	switch d.stop {
+	case stopPermanent:
+		return outcomePermanent
+	case stopNotRetryable:
+		return outcomeNotRetryable
+	case stopTimeLimit:
+		return outcomeTimeLimited
+	case stopHandOff:
+		return outcomeHandedOff
+	}
+	return outcomeExhausted
+}
+
+// startAttempt opens the attempt's span and the context the chain below
+// sees. Attempts are traced as children of a recording span (the listener's
+// process span): under an unsampled parent they would be dropped anyway, and
+// a root span per attempt is rarely wanted, so untraced deliveries pay
+// nothing for tracing.
+//
+// The first attempt gets no span while it runs: most deliveries succeed at
+// once, and for them the process span is the attempt (a second span would
+// cost about 5% of throughput for nothing). If it fails, failedFirst records
+// its span then, with its true start time, so a retried delivery shows one
+// child span per attempt; spans the handler opened during that first attempt
+// hang under the process span.
+func (ex *execution) startAttempt(ctx context.Context, n int) (*attemptContext, trace.Span) {
+	span := trace.SpanFromContext(ctx) // not recording: End and the rest do nothing
+	sctx := ctx
+	switch {
+	case !span.IsRecording():
+	case n == 1:
+		ex.firstStart = time.Now()
+		span = noSpan
+	default:
+		sctx, span = ex.tel.Tracer.Start(ctx, "attempt", trace.WithAttributes(attribute.Int(AttrAttempt, n)))
+	}
+	if n == 1 {
+		ex.first = attemptContext{Context: sctx, exec: ex, attempt: 1}
+		return &ex.first, span
+	}
+	return &attemptContext{Context: sctx, exec: ex, attempt: n}, span
+}
+
+// noSpan is a span that records nothing.
+var noSpan = trace.SpanFromContext(context.Background())
+
+// failedFirst records the span of a first attempt that failed, from its
+// start; other attempts keep the span they have.
+func (ex *execution) failedFirst(ctx context.Context, n int, span trace.Span) trace.Span {
+	if n != 1 || ex.firstStart.IsZero() {
+		return span
+	}
+	_, span = ex.tel.Tracer.Start(ctx, "attempt", trace.WithTimestamp(ex.firstStart), trace.WithAttributes(attribute.Int(AttrAttempt, 1)))
+	return span
+}
+
+func (ex *execution) endAttempt(ctx context.Context, span trace.Span, outcome string, err error) {
+	if span.IsRecording() { // ours: startAttempt only starts spans that record
+		span.SetAttributes(attribute.String(AttrOutcome, outcome))
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(semconv.ErrorTypeKey.String(ErrorType(err)))
+		}
+		span.End()
+	}
+	ex.tel.Attempts.Add(ctx, 1, ex.attrs.Outcome(outcome).Add...)
 }
 
 func interruptFrom(ctx context.Context) <-chan struct{} {
@@ -251,8 +379,11 @@ type attemptContext struct {
 }
 
 func (c *attemptContext) Value(key any) any {
-	if key == attemptKey {
+	switch {
+	case key == attemptKey:
 		return c
+	case key == telemetry.ContextKey() && c.exec.policy.tel != nil:
+		return c.exec.policy.tel // Retry's own providers reach the middlewares below it
 	}
 	return c.Context.Value(key)
 }
@@ -261,6 +392,9 @@ func (c *attemptContext) Value(key any) any {
 // deliveries, so its backoff state needs no lock.
 type execution struct {
 	policy     *retryPolicy
+	tel        *telemetry.Telemetry
+	attrs      *telemetry.QueueAttrs
+	firstStart time.Time // when a traced first attempt began
 	first      attemptContext
 	start      time.Time
 	backoff    *backoff.ExponentialBackOff // created on the first failure

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
 // Option configures New.
@@ -19,6 +21,7 @@ type config struct {
 	dialTimeout    time.Duration
 	name           string
 	closeTimeout   time.Duration
+	telemetry      telemetry.Config
 	errs           []error
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqptable"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
+	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
 // Publisher publishes with mandatory set and returns after the broker's
@@ -25,6 +26,7 @@ type Publisher struct {
 	redacted string
 	username string
 	cfg      config
+	tel      *telemetry.Telemetry
 
 	lanes    atomic.Pointer[laneSet]
 	next     atomic.Uint32 // round robin over lanes
@@ -75,6 +77,7 @@ func New(url string, opts ...Option) (*Publisher, error) {
 		cfg:      cfg,
 		idle:     make(chan struct{}),
 		closing:  make(chan struct{}),
+		tel:      telemetry.New(cfg.telemetry),
 	}
 	p.lanes.Store(&laneSet{changed: make(chan struct{})})
 
@@ -100,7 +103,10 @@ func New(url string, opts ...Option) (*Publisher, error) {
 // to 64 bits. During an outage Publish waits for the redial and publishes
 // then, until ctx ends; a message lost with its channel is published again.
 // See the package documentation for what an error does and does not mean.
-func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (err error) {
+	began := time.Now()
+	ctx, span := p.startSend(ctx, exchange, key, &msg)
+	defer func() { p.endSend(ctx, span, began, exchange, err) }()
 	if err := p.check(exchange, key, &msg); err != nil {
 		return err
 	}

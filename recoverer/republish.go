@@ -193,9 +193,13 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 func (r *Republisher) headerBudget(msg amqp.Publishing) int {
 	frameMax := r.frameMax()
 	msg.Headers = nil
-	exact := frameMax - amqptable.FrameOverhead - amqptable.PropertiesSize(msg)
+	exact := frameMax - amqptable.FrameOverhead - amqptable.PropertiesSize(msg) - propagationReserve
 	return min(frameMax-r.cfg.headroom, exact)
 }
+
+// propagationReserve leaves room for the trace headers (traceparent,
+// tracestate, baggage) the publisher adds to the copy.
+const propagationReserve = 1024
 
 func (r *Republisher) frameMax() int {
 	if fm := r.pub.FrameMax(); fm > 0 {
@@ -208,14 +212,7 @@ func (r *Republisher) frameMax() int {
 const minHeaderRoom = 4096
 
 // ErrorType names the Go type of the handler's error, or "panic".
-func ErrorType(err error) string {
-	err = middleware.HandlerError(err)
-	var pe *middleware.PanicError
-	if errors.As(err, &pe) {
-		return "panic"
-	}
-	return fmt.Sprintf("%T", err)
-}
+func ErrorType(err error) string { return middleware.ErrorType(err) }
 
 // Attempts is the number of attempts made: from Retry's error when Recover
 // sits outside Retry, else from the attempt in progress.

@@ -1,0 +1,102 @@
+package listener
+
+import (
+	"context"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/amqpretry/amqpretry/internal/telemetry"
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+// AttrSettlement is the process span attribute that says how the delivery
+// was settled: ack, reject or requeue.
+const AttrSettlement = "amqpretry.settlement"
+
+// spanAttrs are the listener's fixed attributes, built once.
+type spanAttrs struct {
+	start    []attribute.KeyValue // on every process span
+	consumed *telemetry.Attrs     // messaging.client.consumed.messages
+	ok       *telemetry.Attrs     // messaging.process.duration when handled
+	queue    *telemetry.Attrs     // consumers, parked
+}
+
+func newSpanAttrs(tel *telemetry.Telemetry, queue string) spanAttrs {
+	const system, op, dest = "messaging.system", "messaging.operation.name", "messaging.destination.name"
+	return spanAttrs{
+		start: []attribute.KeyValue{
+			semconv.MessagingSystemRabbitMQ,
+			semconv.MessagingOperationTypeProcess,
+			semconv.MessagingOperationName("process"),
+			semconv.MessagingDestinationName(queue),
+		},
+		consumed: tel.Attrs(system, "rabbitmq", op, "process", dest, queue),
+		ok:       tel.Attrs(system, "rabbitmq", op, "process", dest, queue),
+		queue:    tel.Attrs(dest, queue),
+	}
+}
+
+var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+
+// spanBuffers are a consumer's scratch space for starting process spans,
+// reused so that an untraced delivery allocates little. Only the consumer's
+// current reader starts spans, one at a time; the SDK copies what it keeps.
+type spanBuffers struct {
+	attrs []attribute.KeyValue
+	opts  [3]trace.SpanStartOption
+}
+
+// startProcess opens the delivery's CONSUMER span, with the attributes a
+// sampler may look at, linked to (or, WithProducerAsParent, a child of) the
+// producer's span read from the headers.
+func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *spanBuffers) (context.Context, trace.Span) {
+	tel := l.tel
+	tel.Consumed.Int64Counter.Add(ctx, 1, l.attrs.consumed.Add...)
+	attrs := append(buf.attrs[:0], l.attrs.start...)
+	attrs = append(attrs,
+		semconv.MessagingRabbitMQDestinationRoutingKey(d.RoutingKey),
+		semconv.MessagingRabbitMQMessageDeliveryTag(int(d.DeliveryTag)),
+		semconv.MessagingMessageBodySize(len(d.Body)))
+	if d.MessageId != "" {
+		attrs = append(attrs, semconv.MessagingMessageID(d.MessageId))
+	}
+	if d.CorrelationId != "" {
+		attrs = append(attrs, semconv.MessagingMessageConversationID(d.CorrelationId))
+	}
+	buf.attrs = attrs
+	opts := append(buf.opts[:0], consumerKind, trace.WithAttributes(attrs...))
+	if len(d.Headers) == 0 {
+		// nothing to extract
+	} else if producer := trace.SpanContextFromContext(tel.Propagators.Extract(context.Background(), telemetry.TableCarrier(d.Headers))); producer.IsValid() {
+		if l.cfg.producerParent {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, producer)
+		} else {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+		}
+	}
+	return tel.Tracer.Start(ctx, l.spanName, opts...)
+}
+
+// endProcess closes the span and records the processing time.
+func (l *Listener) endProcess(ctx context.Context, span trace.Span, began time.Time, err error, s middleware.Settlement) {
+	attrs := l.attrs.ok
+	failed := s != middleware.Ack
+	if failed {
+		const system, op, dest = "messaging.system", "messaging.operation.name", "messaging.destination.name"
+		attrs = l.tel.Attrs(system, "rabbitmq", op, "process", dest, l.queue, string(semconv.ErrorTypeKey), middleware.ErrorType(err))
+	}
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String(AttrSettlement, s.String()))
+		if failed {
+			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(semconv.ErrorTypeKey.String(middleware.ErrorType(err)))
+		}
+	}
+	span.End()
+	l.tel.ProcessDuration.Float64Histogram.Record(ctx, time.Since(began).Seconds(), attrs.Record...)
+}
