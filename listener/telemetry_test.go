@@ -239,6 +239,9 @@ func TestRecoveredMessageCarriesTheProducerSpan(t *testing.T) {
 	if got := o.sum(t, "amqpretry.recoveries", attribute.String(middleware.AttrOutcome, "recovered")); got != 1 {
 		t.Errorf("amqpretry.recoveries{recovered} = %d, want 1", got)
 	}
+	if got := o.sum(t, "amqpretry.attempts", attribute.String(middleware.AttrOutcome, "recovered")); got != 1 {
+		t.Errorf("amqpretry.attempts{recovered} = %d, want 1: the last attempt ended in the recoverer", got)
+	}
 	if got := o.sum(t, "messaging.client.sent.messages"); got != 1 {
 		t.Errorf("messaging.client.sent.messages = %d, want 1", got)
 	}

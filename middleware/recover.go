@@ -64,6 +64,9 @@ func Recover(r Recoverer) Middleware {
 			switch {
 			case rerr == nil:
 				recorded(ctx, outcomeRecovered, nil)
+				if ac, ok := ctx.Value(attemptKey).(*attemptContext); ok {
+					ac.exec.recovered = true // the Retry around reports the attempt as recovered
+				}
 				return nil
 			case errors.Is(rerr, ErrReject):
 				recorded(ctx, outcomeRejected, nil)
@@ -90,7 +93,6 @@ func Queue(ctx context.Context) string {
 
 // Outcomes of amqpretry.recoveries and of the span event Recover adds.
 const (
-	outcomeRecovered      = "recovered"
 	outcomeRejected       = "rejected"
 	outcomeRecoveryFailed = "failed"
 )

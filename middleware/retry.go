@@ -242,7 +242,11 @@ func (p *retryPolicy) run(ctx context.Context, d *amqp.Delivery, next Handler) e
 		actx, span := ex.startAttempt(ctx, attempt)
 		err := next(actx, d)
 		if err == nil {
-			ex.endAttempt(ctx, span, outcomeSucceeded, nil)
+			outcome := outcomeSucceeded
+			if ex.recovered {
+				outcome = outcomeRecovered
+			}
+			ex.endAttempt(ctx, span, outcome, nil)
 			return nil
 		}
 		span = ex.failedFirst(ctx, attempt, span)
@@ -293,6 +297,7 @@ const (
 	outcomeTimeLimited  = telemetry.OutcomeTimeLimited
 	outcomeHandedOff    = telemetry.OutcomeHandedOff
 	outcomeInterrupted  = telemetry.OutcomeInterrupted
+	outcomeRecovered    = telemetry.OutcomeRecovered
 )
 
 func (d decision) outcome() string {
@@ -395,6 +400,7 @@ type execution struct {
 	tel        *telemetry.Telemetry
 	attrs      *telemetry.QueueAttrs
 	firstStart time.Time // when a traced first attempt began
+	recovered  bool      // a Recover below handed the delivery to its recoverer
 	first      attemptContext
 	start      time.Time
 	backoff    *backoff.ExponentialBackOff // created on the first failure

@@ -160,6 +160,7 @@ const (
 	OutcomeTimeLimited  = "time_limited"
 	OutcomeHandedOff    = "handed_off"
 	OutcomeInterrupted  = "interrupted"
+	OutcomeRecovered    = "recovered"
 )
 
 // QueueAttrs holds, for one queue, the attribute options of every outcome,
@@ -169,7 +170,7 @@ type QueueAttrs struct {
 	Queue                                *Attrs // messaging.destination.name only
 	Succeeded, Retrying, Exhausted       *Attrs
 	Permanent, NotRetryable, TimeLimited *Attrs
-	HandedOff, Interrupted               *Attrs
+	HandedOff, Interrupted, Recovered    *Attrs
 }
 
 // ForQueue returns the cached QueueAttrs of queue.
@@ -196,7 +197,7 @@ func (t *Telemetry) forQueue(queue string) *QueueAttrs {
 		Queue:     t.Attrs(dest, queue),
 		Succeeded: o(OutcomeSucceeded), Retrying: o(OutcomeRetrying), Exhausted: o(OutcomeExhausted),
 		Permanent: o(OutcomePermanent), NotRetryable: o(OutcomeNotRetryable), TimeLimited: o(OutcomeTimeLimited),
-		HandedOff: o(OutcomeHandedOff), Interrupted: o(OutcomeInterrupted),
+		HandedOff: o(OutcomeHandedOff), Interrupted: o(OutcomeInterrupted), Recovered: o(OutcomeRecovered),
 	}
 	t.mu.Lock()
 	t.queues[queue] = q
@@ -221,6 +222,8 @@ func (q *QueueAttrs) Outcome(name string) *Attrs {
 		return q.HandedOff
 	case OutcomeInterrupted:
 		return q.Interrupted
+	case OutcomeRecovered:
+		return q.Recovered
 	}
 	return q.Exhausted
 }
