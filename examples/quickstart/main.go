@@ -1,50 +1,137 @@
-// Command quickstart is the Spring AMQP article's scenario in Go: a message
-// whose handler keeps failing is retried after 1 s, 2 s, 4 s and 8 s, then
-// republished to a dead-letter exchange, confirmed by the broker, and only
-// then acked. Run it with `make demo`.
+// Command quickstart is the Spring AMQP article's scenario in Go, and what
+// `make demo` runs. Two messages, msg1 and msg2, reach a handler that keeps
+// failing. With one consumer, Spring retried msg1 for 15 seconds before msg2
+// was even looked at; here each message waits 1s, 2s, 4s and 8s between its
+// attempts without holding the consumer, so the two retry side by side. When
+// their attempts run out, both are republished to a dead-letter exchange,
+// confirmed by the broker, and only then acked; a listener on the DLQ prints
+// "got dead message". It exits by itself in about 16 seconds.
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
-const (
-	queue = "amqpretry.quickstart"
-	dlx   = "amqpretry.quickstart.dlx"
-	dlq   = "amqpretry.quickstart.dlq"
-)
-
 func main() {
+	initial := flag.Duration("initial", middleware.DefaultInitialInterval, "first retry delay (doubles each time)")
+	flag.Parse()
 	url := os.Getenv("AMQP_URL")
 	if url == "" {
 		url = "amqp://guest:guest@127.0.0.1:5672/"
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Stdout, url, middleware.DefaultInitialInterval); err != nil {
+	if err := run(ctx, os.Stdout, url, *initial); err != nil {
 		log.Fatal(err)
 	}
 }
 
+// topology: the work queue, its dead-letter exchange and queue.
+var topology = dlx.Topology{Queue: "amqpretry.quickstart"}
+
 func run(ctx context.Context, out io.Writer, url string, initial time.Duration) error {
 	start := time.Now()
+	var mu sync.Mutex
 	say := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
 		fmt.Fprintf(out, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
+	quiet := listener.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
 
+	if err := declare(url); err != nil {
+		return err
+	}
+	pub, err := publisher.New(url)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+
+	// The dead letters' listener: it only prints what arrives.
+	dead := make(chan string, 2)
+	dlq, err := listener.New(topology.DLQ(), nil, func(_ context.Context, d *amqp.Delivery) error {
+		say("got dead message %s (%v, after %v attempts)", d.Body, d.Headers[recoverer.HeaderExceptionMessage], d.Headers["x-amqpretry-attempts"])
+		dead <- string(d.Body)
+		return nil
+	}, listener.WithURL(url), quiet)
+	if err != nil {
+		return err
+	}
+
+	// The work listener: one consumer, as in the article.
+	chain := middleware.Chain(
+		middleware.Retry(5,
+			middleware.WithInitialInterval(initial),
+			middleware.OnRetry(func(_ context.Context, e middleware.RetryEvent) {
+				say("%s: attempt %d failed; next in %v", e.Delivery.Body, e.Attempt, e.Delay)
+			})),
+		middleware.Recover(recoverer.Republish(pub, topology.DLX(), topology.DLQRoutingKey())),
+	)
+	work, err := listener.New(topology.Queue, chain, func(ctx context.Context, d *amqp.Delivery) error {
+		say("%s: attempt %d", d.Body, middleware.Attempt(ctx))
+		return errors.New("user service unavailable")
+	}, listener.WithURL(url), listener.WithConcurrentConsumers(1), quiet)
+	if err != nil {
+		return err
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for _, l := range []*listener.Listener{work, dlq} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := l.Run(runCtx); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	defer func() { stop(); wg.Wait() }()
+
+	for _, body := range []string{"msg1", "msg2"} {
+		say("publishing %s", body)
+		if err := pub.Publish(ctx, "", topology.Queue, amqp.Publishing{Body: []byte(body), DeliveryMode: amqp.Persistent}); err != nil {
+			return err
+		}
+	}
+	for range 2 {
+		select {
+		case <-dead:
+		case err := <-errs:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(30*initial + 10*time.Second):
+			return errors.New("the dead letters did not arrive in time")
+		}
+	}
+	say("done: neither message waited for the other, and both are safe on %s", topology.DLQ())
+	return nil
+}
+
+// declare creates the demo's topology afresh: the demo owns these names, and
+// an earlier run (or an older version of it) may have left them behind.
+func declare(url string) error {
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		return fmt.Errorf("connect (is the broker up? run scripts/broker.sh): %w", err)
@@ -54,79 +141,13 @@ func run(ctx context.Context, out io.Writer, url string, initial time.Duration) 
 	if err != nil {
 		return err
 	}
-	if err := declare(ch); err != nil {
-		return err
-	}
-
-	// The dead-letter copy is acked by the broker before the original is:
-	// the Publisher waits for the confirm, and Republish annotates the copy.
-	pub, err := publisher.New(url)
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
-	toDLQ := middleware.RecovererFunc(func(ctx context.Context, d *amqp.Delivery, cause error) error {
-		if err := recoverer.Republish(pub, dlx, "").Recover(ctx, d, cause); err != nil {
-			return err
-		}
-		say("republished %s to %s, confirmed", d.Body, dlx)
-		return nil
-	})
-
-	chain := middleware.Chain(
-		middleware.Retry(5,
-			middleware.WithInitialInterval(initial),
-			middleware.OnRetry(func(_ context.Context, e middleware.RetryEvent) {
-				say("attempt %d failed (%v); retrying in %v", e.Attempt, e.Err, e.Delay)
-			})),
-		middleware.Recover(toDLQ),
-	)
-	handle := func(ctx context.Context, d *amqp.Delivery) error {
-		say("attempt %d: handling %s", middleware.Attempt(ctx), d.Body)
-		return errors.New("user service unavailable")
-	}
-
-	if err := ch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{Body: []byte("msg1"), DeliveryMode: amqp.Persistent}); err != nil {
-		return err
-	}
-	say("published msg1 to %s", queue)
-
-	deliveries, err := ch.ConsumeWithContext(ctx, queue, "", false, false, false, false, nil)
-	if err != nil {
-		return err
-	}
-	var d amqp.Delivery
-	select {
-	case d = <-deliveries:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	result := chain(handle)(ctx, &d)
-	settled, err := middleware.Settle(&d, result)
-	if err != nil {
-		return err
-	}
-	say("settled %s: %s", d.Body, settled)
-
-	dead, ok, err := ch.Get(dlq, true)
-	if err != nil || !ok {
-		return fmt.Errorf("nothing on %s (ok=%v): %v", dlq, ok, err)
-	}
-	say("got dead message %s (x-exception-message: %v, attempts: %v)", dead.Body, dead.Headers["x-exception-message"], dead.Headers["x-amqpretry-attempts"])
-	return nil
-}
-
-func declare(ch *amqp.Channel) error {
-	if err := ch.ExchangeDeclare(dlx, "fanout", true, false, false, false, nil); err != nil {
-		return err
-	}
-	for _, q := range []string{queue, dlq} {
-		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-			return err
-		}
-		if _, err := ch.QueuePurge(q, false); err != nil {
+	for _, q := range []string{topology.Queue, topology.DLQ()} {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			return err
 		}
 	}
-	return ch.QueueBind(dlq, "", dlx, false, nil)
+	if err := ch.ExchangeDelete(topology.DLX(), false, false); err != nil {
+		return err
+	}
+	return topology.Declare(ch)
 }

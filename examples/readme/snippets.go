@@ -1,0 +1,100 @@
+// Package readme holds every Go code block of the README, so that they
+// compile; readme_test.go checks the README still shows exactly these.
+package readme
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/listener"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+var errNotFound = errors.New("customer not found")
+
+type order struct{ ID string }
+
+func decode([]byte) (order, error) { return order{}, nil }
+func ship(context.Context, order) error { return nil }
+
+// UsedBy is the README's opening snippet, verbatim: it shows the shape of
+// the API and leaves out New's error check, which "A whole consumer" has.
+func UsedBy(ctx context.Context, url string, handle middleware.Handler, dlx middleware.Recoverer) error {
+	//lint:ignore SA4006 the README's two-line teaser skips New's error check on purpose
+	l, err := listener.New("orders",
+		middleware.Chain(middleware.Retry(5), middleware.Recover(dlx)), handle,
+		listener.WithURL(url), listener.WithConcurrentConsumers(2), listener.WithMaxConcurrentConsumers(10))
+	err = l.Run(ctx)
+	return err
+}
+
+// Complete is the README's "A whole consumer" section.
+func Complete(ctx context.Context, url string) error {
+	// Declare orders, orders.dlx and orders.dlq (on every connection).
+	topo := dlx.Topology{Queue: "orders"}
+
+	// A publisher of its own, for the dead letters: it returns only once the
+	// broker has confirmed the copy.
+	pub, err := publisher.New(url)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+
+	handle := func(ctx context.Context, d *amqp.Delivery) error {
+		o, err := decode(d.Body)
+		if err != nil {
+			return middleware.Permanent(err) // no retry can fix bad JSON
+		}
+		return ship(ctx, o) // an error here is retried: 1s, 2s, 4s, 8s
+	}
+
+	l, err := listener.New("orders",
+		middleware.Chain(
+			middleware.Retry(5),
+			middleware.Recover(recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())),
+		),
+		handle,
+		listener.WithURL(url),
+		listener.WithDeclare(topo.Declare),
+		listener.WithConcurrentConsumers(2),
+		listener.WithMaxConcurrentConsumers(10),
+		listener.WithLogger(slog.Default()),
+	)
+	if err != nil {
+		return err // invalid options, or retries longer than consumer_timeout
+	}
+	return l.Run(ctx) // until ctx is done; then a graceful shutdown
+}
+
+// Tiers is the README's broker-side retry section.
+func Tiers(ctx context.Context, url string, pub *publisher.Publisher, handle middleware.Handler) error {
+	topo := dlx.Topology{
+		Queue:       "payments",
+		RetryDelays: []time.Duration{10 * time.Second, time.Minute, 10 * time.Minute},
+	}
+	chain := middleware.Chain(
+		middleware.Retry(5, middleware.HandOffAfter(5*time.Second)), // 1s, 2s, 4s in memory
+		middleware.Recover(topo.Tiers(pub, dlx.MaxRetries(5))),      // then 10s, 1m, 10m, 10m, 10m
+	)
+	l, err := listener.New("payments", chain, handle, listener.WithURL(url), listener.WithDeclare(topo.Declare))
+	if err != nil {
+		return err
+	}
+	return l.Run(ctx)
+}
+
+// Permanent is the README's error classification snippet.
+func Permanent(ctx context.Context, d *amqp.Delivery) error {
+	if errors.Is(ship(ctx, order{}), errNotFound) {
+		return middleware.Permanent(errNotFound) // straight to the recoverer, no retry
+	}
+	return nil
+}
