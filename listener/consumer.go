@@ -39,9 +39,9 @@ type consumer struct {
 
 	inFlight, running, waiting atomic.Int64
 	busyNanos                  atomic.Int64 // handler time of finished calls
-	busySince                  atomic.Int64 // unix nanos when the running call started, or 0
+	busySince                  atomic.Int64 // monotime when the running call started, or 0
 	calls                      atomic.Uint64
-	lastActive                 atomic.Int64 // unix nanos of the last delivery or finished call
+	lastActive                 atomic.Int64 // monotime of the last finished call
 
 	// the scaler's previous sample
 	sampledBusy  int64
@@ -49,6 +49,10 @@ type consumer struct {
 }
 
 var consumerSeq atomic.Uint64
+
+// monotime is nanoseconds on the monotonic clock: one clock read where
+// time.Now makes two, and it runs several times per message.
+func monotime() int64 { return telemetry.Mono() }
 
 // startConsumer opens a channel, sets its prefetch and starts consuming.
 // ended receives the consumer once, when it stops without being asked to
@@ -80,7 +84,7 @@ func (r *run) startConsumer(conn *amqp.Connection, ended chan<- *consumer) (*con
 	}
 	c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
 	c.consuming.Store(true)
-	c.lastActive.Store(time.Now().UnixNano())
+	c.lastActive.Store(monotime())
 	l.mu.Lock()
 	l.consumers[c] = struct{}{}
 	l.mu.Unlock()
@@ -217,11 +221,11 @@ func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 			return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
 		default:
 		}
-		start := time.Now().UnixNano()
+		start := monotime()
 		c.running.Add(1)
 		c.busySince.Store(start)
 		err := h(ctx, d)
-		end := time.Now().UnixNano()
+		end := monotime()
 		c.busyNanos.Add(end - start)
 		c.busySince.Store(0)
 		c.calls.Add(1)
@@ -254,8 +258,8 @@ func (c *consumer) process(dd *delivery) {
 	defer c.inFlight.Add(-1)
 	l := c.r.l
 	d := &dd.Delivery
-	began := time.Now()
-	ctx, span := l.startProcess(c.ctx, d, &c.spans)
+	began := monotime()
+	ctx, span := l.startProcess(c.ctx, d, &c.spans, began)
 	dd.Context = ctx
 	err := c.call(dd, d)
 	settlement := middleware.SettlementFor(err)

@@ -50,6 +50,18 @@
 // (or ends Run with WithMissingQueueFatal). A consumer cancelled by the broker
 // (queue deleted) or whose channel was closed (consumer_timeout) is replaced.
 //
+// # Telemetry
+//
+// Each delivery gets a CONSUMER span "process <queue>" with OpenTelemetry's
+// messaging attributes, linked to the producer's span from the traceparent
+// header (WithProducerAsParent makes it the parent), and the metrics
+// messaging.process.duration, messaging.client.consumed.messages,
+// amqpretry.consumers.active and amqpretry.deliveries.parked. The providers
+// (WithTracerProvider, WithMeterProvider, WithPropagators, defaulting to the
+// globals) reach the Retry and Recover of the chain, which add attempt spans
+// and their own metrics. With no SDK installed, process spans are not even
+// built; an SDK set later is picked up within a second.
+//
 // # Shutdown
 //
 // When Run's context is done, the listener cancels its consumers, interrupts

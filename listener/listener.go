@@ -238,7 +238,7 @@ func (l *Listener) dial(ctx context.Context) (*amqpconn.Conn, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(l.cfg.connectionName)
 	conn, err := amqpconn.DialContext(ctx, l.cfg.url, amqp.Config{
-		Heartbeat:       l.cfg.heartbeat,
+		Heartbeat:       l.cfg.heartbeat, // amqp091 gives up after 1.5 silent intervals
 		TLSClientConfig: l.cfg.tls,
 		Locale:          "en_US",
 		Properties:      props,

@@ -164,12 +164,13 @@ func (s *session) add() error {
 func (s *session) scale() {
 	l := s.r.l
 	now := time.Now()
+	mono := monotime()
 	window := now.Sub(s.lastSample)
 	first := s.lastSample.IsZero()
 	s.lastSample = now
 	if first || len(s.active) == 0 {
 		for _, c := range s.active {
-			c.sample(now.UnixNano(), time.Second)
+			c.sample(mono, time.Second)
 		}
 		return
 	}
@@ -178,7 +179,7 @@ func (s *session) scale() {
 	var calls uint64
 	saturated := false
 	for _, c := range s.active {
-		b, n := c.sample(now.UnixNano(), window)
+		b, n := c.sample(mono, window)
 		busy += b
 		calls += n
 		if l.cfg.prefetch > 0 && c.inFlight.Load() >= int64(l.cfg.prefetch) {
@@ -216,7 +217,7 @@ func (s *session) scale() {
 	// nothing in flight that have been idle for the idle timeout.
 	for i := len(s.active) - 1; i >= 0 && len(s.active) > l.cfg.min; i-- {
 		c := s.active[i]
-		idle := now.Sub(time.Unix(0, c.lastActive.Load()))
+		idle := time.Duration(mono - c.lastActive.Load())
 		if c.inFlight.Load() == 0 && idle >= l.cfg.idleTimeout {
 			c.stop()
 			s.active = slices.Delete(s.active, i, i+1)

@@ -54,9 +54,12 @@ type spanBuffers struct {
 // startProcess opens the delivery's CONSUMER span, with the attributes a
 // sampler may look at, linked to (or, WithProducerAsParent, a child of) the
 // producer's span read from the headers.
-func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *spanBuffers) (context.Context, trace.Span) {
+func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *spanBuffers, now int64) (context.Context, trace.Span) {
 	tel := l.tel
 	tel.Consumed.Int64Counter.Add(ctx, 1, l.attrs.consumed.Add...)
+	if !l.cfg.producerParent && !tel.TracingRoot(now) {
+		return ctx, telemetry.NoSpan // nothing records: skip building the span
+	}
 	attrs := append(buf.attrs[:0], l.attrs.start...)
 	attrs = append(attrs,
 		semconv.MessagingRabbitMQDestinationRoutingKey(d.RoutingKey),
@@ -79,11 +82,13 @@ func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *span
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
 		}
 	}
-	return tel.Tracer.Start(ctx, l.spanName, opts...)
+	sctx, span := tel.Tracer.Start(ctx, l.spanName, opts...)
+	tel.Observe(ctx, span)
+	return sctx, span
 }
 
 // endProcess closes the span and records the processing time.
-func (l *Listener) endProcess(ctx context.Context, span trace.Span, began time.Time, err error, s middleware.Settlement) {
+func (l *Listener) endProcess(ctx context.Context, span trace.Span, began int64, err error, s middleware.Settlement) {
 	attrs := l.attrs.ok
 	failed := s != middleware.Ack
 	if failed {
@@ -98,5 +103,5 @@ func (l *Listener) endProcess(ctx context.Context, span trace.Span, began time.T
 		}
 	}
 	span.End()
-	l.tel.ProcessDuration.Float64Histogram.Record(ctx, time.Since(began).Seconds(), attrs.Record...)
+	l.tel.ProcessDuration.Float64Histogram.Record(ctx, time.Duration(monotime()-began).Seconds(), attrs.Record...)
 }

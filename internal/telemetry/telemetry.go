@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -36,6 +37,8 @@ type Telemetry struct {
 	Recoveries        metric.Int64Counter                   // amqpretry.recoveries, by outcome
 	ActiveConsumers   metric.Int64UpDownCounter             // amqpretry.consumers.active
 	Parked            metric.Int64UpDownCounter             // amqpretry.deliveries.parked
+
+	noopUntil atomic.Int64 // monotonic nanos since epoch: no root span is worth starting before then
 
 	mu        sync.RWMutex
 	sets      map[setKey]*Attrs      // see Attrs
@@ -97,6 +100,47 @@ func Default() *Telemetry {
 	defaultOnce.Do(func() { defaultTel = New(Config{}) })
 	return defaultTel
 }
+
+// Tracing reports whether a root span is worth starting. A tracer that
+// returns an invalid span context for a root span records nothing (the
+// global provider before an SDK is set, or a no-op provider); once one is seen,
+// root spans are skipped for a second, then tried again, so an SDK set later
+// is picked up within a second. With a parent span in ctx, always true.
+func (t *Telemetry) Tracing(ctx context.Context) bool {
+	until := t.noopUntil.Load()
+	return until == 0 || Mono() >= until || trace.SpanContextFromContext(ctx).IsValid()
+}
+
+// TracingRoot is Tracing for a span known to have no parent, at now (Mono).
+func (t *Telemetry) TracingRoot(now int64) bool {
+	until := t.noopUntil.Load()
+	return until == 0 || now >= until
+}
+
+// Mono is nanoseconds on the monotonic clock since the process began: one
+// clock read where time.Now makes two, for the readings taken on every
+// message.
+func Mono() int64 { return int64(time.Since(epoch)) }
+
+// Observe notes what the tracer returned for a root span (one started in a
+// context without a span), for Tracing.
+func (t *Telemetry) Observe(parent context.Context, span trace.Span) {
+	if trace.SpanContextFromContext(parent).IsValid() {
+		return // a child says nothing about the tracer
+	}
+	if span.SpanContext().IsValid() {
+		t.noopUntil.Store(0)
+	} else {
+		t.noopUntil.Store(Mono() + int64(time.Second))
+	}
+}
+
+// epoch anchors the monotonic readings of Tracing: one clock read instead
+// of time.Now's two, on every message.
+var epoch = time.Now()
+
+// NoSpan records nothing; it stands in for a span not worth starting.
+var NoSpan = trace.SpanFromContext(context.Background())
 
 type ctxKey struct{}
 

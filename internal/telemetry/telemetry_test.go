@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"go.uber.org/goleak"
 
 	"github.com/amqpretry/amqpretry/internal/telemetry"
@@ -62,5 +63,26 @@ func TestAttrsAreCached(t *testing.T) {
 	counter := tel.Attempts
 	if allocs := testing.AllocsPerRun(100, func() { counter.Add(context.Background(), 1, a.Add...) }); allocs > 0 {
 		t.Errorf("Add with cached options allocates %v times (no-op provider)", allocs)
+	}
+}
+
+func TestTracingNoticesANoopTracer(t *testing.T) {
+	ctx := context.Background()
+	noop := telemetry.New(telemetry.Config{TracerProvider: tracenoop.NewTracerProvider()})
+	if !noop.Tracing(ctx) {
+		t.Fatal("before any span, tracing must be tried")
+	}
+	_, span := noop.Tracer.Start(ctx, "root")
+	noop.Observe(ctx, span)
+	if noop.Tracing(ctx) {
+		t.Error("after a no-op root span, root spans should be skipped for a while")
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+	defer tp.Shutdown(ctx)
+	sdk := telemetry.New(telemetry.Config{TracerProvider: tp})
+	_, span = sdk.Tracer.Start(ctx, "root")
+	sdk.Observe(ctx, span)
+	if !sdk.Tracing(ctx) {
+		t.Error("an SDK that samples nothing still traces: its spans have valid contexts")
 	}
 }
