@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqptable"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
@@ -143,20 +144,10 @@ func Restart(d *amqp.Delivery) amqp.Publishing {
 			headers[k] = v
 		}
 	}
-	return amqp.Publishing{
-		Headers:         headers,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		DeliveryMode:    d.DeliveryMode,
-		Priority:        d.Priority,
-		CorrelationId:   d.CorrelationId,
-		ReplyTo:         d.ReplyTo,
-		MessageId:       d.MessageId,
-		Timestamp:       d.Timestamp,
-		Type:            d.Type,
-		AppId:           d.AppId,
-		Body:            d.Body,
-	}
+	msg := amqptable.Publishing(d)
+	msg.Headers = headers
+	msg.UserId = "" // the republisher may have kept one; only its sender may set it
+	return msg
 }
 
 func isFaultOrRetryHeader(k string) bool {

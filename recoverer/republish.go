@@ -145,20 +145,8 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	headers[p+SuffixFailedAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	headers[p+SuffixHost] = r.host
 
-	msg := amqp.Publishing{
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		DeliveryMode:    amqp.Persistent,
-		Priority:        d.Priority,
-		CorrelationId:   d.CorrelationId,
-		ReplyTo:         d.ReplyTo,
-		MessageId:       d.MessageId,
-		Timestamp:       d.Timestamp,
-		Type:            d.Type,
-		AppId:           d.AppId,
-		UserId:          d.UserId,
-		Body:            d.Body,
-	}
+	msg := amqptable.Publishing(d)
+	msg.DeliveryMode = amqp.Persistent
 	if d.Expiration != "" {
 		headers[p+SuffixOriginalExpiration] = d.Expiration // dead letters must not expire
 	}

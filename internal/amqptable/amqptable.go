@@ -214,3 +214,25 @@ func CheckShortStrings(p amqp.Publishing) error {
 	}
 	return nil
 }
+
+// Publishing is d's body and properties as a publishing, headers included
+// (the same table: copy it before changing it) and expiration excluded: a
+// copy of a message published elsewhere must not inherit a TTL that may
+// already have run out. Callers adjust the rest (delivery mode, user-id).
+func Publishing(d *amqp.Delivery) amqp.Publishing {
+	return amqp.Publishing{
+		Headers:         d.Headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    d.DeliveryMode,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		UserId:          d.UserId,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+}

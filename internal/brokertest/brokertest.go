@@ -133,12 +133,18 @@ func DeleteQueue(t testing.TB, name string) {
 // Depth returns the number of ready messages in a queue.
 func Depth(t testing.TB, name string) int {
 	t.Helper()
-	ch := Channel(t, Dial(t))
-	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	return inspect(t, name).Messages
+}
+
+// inspect reads a queue's counts with a passive declare, failing the test if
+// the queue does not exist.
+func inspect(t testing.TB, name string) amqp.Queue {
+	t.Helper()
+	q, err := Channel(t, Dial(t)).QueueDeclarePassive(name, true, false, false, false, nil)
 	if err != nil {
 		t.Fatalf("inspect queue %s: %v", name, err)
 	}
-	return q.Messages
+	return q
 }
 
 // Get takes one message from a queue and acks it; ok is false when the queue
@@ -201,12 +207,7 @@ func Rabbitmqctl(t testing.TB, args ...string) string {
 // Consumers returns how many consumers the broker counts on a queue.
 func Consumers(t testing.TB, queue string) int {
 	t.Helper()
-	ch := Channel(t, Dial(t))
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		t.Fatalf("inspect queue %s: %v", queue, err)
-	}
-	return q.Consumers
+	return inspect(t, queue).Consumers
 }
 
 // CloseConnections closes, from the broker's side, every connection whose
