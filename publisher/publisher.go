@@ -281,7 +281,7 @@ func (p *Publisher) dial() (*amqpconn.Conn, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(p.cfg.name)
 	conn, err := amqpconn.Dial(p.url, amqp.Config{
-		Heartbeat:       p.cfg.heartbeat,
+		Heartbeat:       p.cfg.heartbeat, // amqp091 gives up after 1.5 silent intervals
 		TLSClientConfig: p.cfg.tls,
 		Locale:          "en_US",
 		Properties:      props,

@@ -1,6 +1,7 @@
 package amqptable_test
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -156,4 +157,61 @@ func TestPropertiesSize(t *testing.T) {
 	if err := amqptable.CheckShortStrings(amqp.Publishing{MessageId: strings.Repeat("x", 256)}); err == nil || !strings.Contains(err.Error(), "message-id") {
 		t.Errorf("CheckShortStrings = %v", err)
 	}
+}
+
+// FuzzNormalize builds nested tables from fuzz input: Normalize never panics,
+// and what it accepts is valid AMQP with no Go int left.
+func FuzzNormalize(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8}, int64(1<<40), "key")
+	f.Add([]byte{9, 9, 9, 0, 200}, int64(-1), strings.Repeat("k", 300))
+	f.Fuzz(func(t *testing.T, shape []byte, n int64, key string) {
+		table := amqp.Table{}
+		cur := table
+		for i, b := range shape {
+			k := fmt.Sprint(key, i)
+			switch b % 8 {
+			case 0:
+				next := amqp.Table{}
+				cur[k] = next
+				cur = next
+			case 1:
+				cur[k] = int(n)
+			case 2:
+				cur[k] = uint64(n)
+			case 3:
+				cur[k] = []any{int(n), "s", map[string]any{"m": int(n)}}
+			case 4:
+				cur[k] = struct{}{}
+			case 5:
+				cur[k] = key
+			case 6:
+				cur[key] = cur // a cycle
+			case 7:
+				cur[k] = map[string]any{key: n}
+			}
+		}
+		out, err := amqptable.Normalize(table)
+		if err != nil {
+			return
+		}
+		if err := out.Validate(); err != nil {
+			t.Fatalf("accepted an invalid table: %v", err)
+		}
+		var walk func(v any)
+		walk = func(v any) {
+			switch x := v.(type) {
+			case int, uint, uint64, map[string]any:
+				t.Fatalf("a %T survived Normalize", x)
+			case amqp.Table:
+				for _, e := range x {
+					walk(e)
+				}
+			case []any:
+				for _, e := range x {
+					walk(e)
+				}
+			}
+		}
+		walk(out)
+	})
 }

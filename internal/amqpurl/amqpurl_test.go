@@ -1,6 +1,7 @@
 package amqpurl_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -81,6 +82,26 @@ func FuzzRedact(f *testing.F) {
 		want := "amqp://" + user + ":xxxxx@" + host + "/"
 		if got := amqpurl.Redact(raw); got != want {
 			t.Fatalf("Redact(%q) = %q, want %q", raw, got, want)
+		}
+	})
+}
+
+// FuzzParse: whatever the URL, Parse neither panics nor quotes the password
+// in its error.
+func FuzzParse(f *testing.F) {
+	f.Add("amqp", "guest", "guest", "127.0.0.1:5672", "/")
+	f.Add("amqps", "app", "p@ss/w:rd%zz", "host:bad", "/vhost?heartbeat=x")
+	f.Add("http", "u", "secret", "h", "")
+	f.Fuzz(func(t *testing.T, scheme, user, password, host, rest string) {
+		if len(password) < 6 || strings.Contains(scheme+user+host+rest, password) || strings.Contains("amqp://xxxxx", password) {
+			return // too short or too common to look for
+		}
+		raw := scheme + "://" + user + ":" + password + "@" + host + rest
+		if strings.Contains(fmt.Sprintf("%q", amqpurl.Redact(raw)), password) {
+			return // the quoted URL spells it by chance (an escape like \x90 then zeros)
+		}
+		if _, err := amqpurl.Parse(raw); err != nil && strings.Contains(err.Error(), password) {
+			t.Fatalf("Parse(%q) error quotes the password: %v", raw, err)
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package faultproxy
 
 import (
+	"crypto/tls"
 	"net"
 	"net/url"
 	"sync"
@@ -32,10 +33,24 @@ func Start(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
+	return serve(ln, target), nil
+}
+
+// StartTLS is Start with TLS on the listening side, terminated by the proxy
+// with cfg: an amqps:// endpoint in front of a plain broker.
+func StartTLS(target string, cfg *tls.Config) (*Proxy, error) {
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		return nil, err
+	}
+	return serve(ln, target), nil
+}
+
+func serve(ln net.Listener, target string) *Proxy {
 	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
-	return p, nil
+	return p
 }
 
 // Addr is the proxy's host:port.
