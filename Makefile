@@ -1,6 +1,11 @@
 # The two commands a newcomer needs:
 #   make demo   run examples/quickstart against the local broker (started if needed)
-#   make test   everything CI runs: formatting, vet, staticcheck, tests with -race
+#   make test   everything CI runs: formatting, vet, staticcheck, tests with -race,
+#               the broker-disrupting reliability suite, a short fuzz of every target
+# and, for numbers and long runs:
+#   make bench      the benchmark program (bench/): a markdown report, bench/results/
+#   make soak       the long fault-injection soak (200,000 messages)
+#   make vulncheck  govulncheck on every module
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := test
@@ -10,19 +15,32 @@ BIN := $(CURDIR)/.bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 # Modules with their own go.mod: the library, then programs that use it.
-MODULES := . examples
+MODULES := . examples bench
 
 # The oldest Go the library supports. `go mod tidy` raises a module's go line
 # when it picks a newer dependency (otel past v1.41 needs Go 1.26): the
 # gomod check catches that.
 GO_FLOOR := 1.24
 
-.PHONY: test demo broker fmt gomod vet staticcheck unit
+GOVULNCHECK_VERSION := v1.1.4
+GOVULNCHECK := $(BIN)/govulncheck-$(GOVULNCHECK_VERSION)
 
-test: broker fmt gomod vet staticcheck unit
+# Fuzz targets, as package:Target, each run for FUZZTIME in make test.
+FUZZ_TARGETS := ./internal/amqpurl:FuzzRedact ./internal/amqpurl:FuzzParse ./internal/amqptable:FuzzNormalize \
+	./recoverer:FuzzFitFaultText ./dlx:FuzzHeaders
+FUZZTIME ?= 4s
+
+.PHONY: test demo bench broker fmt gomod vet staticcheck unit reliability fuzz soak vulncheck
+
+test: broker fmt gomod vet staticcheck unit reliability fuzz vulncheck
 
 demo: broker
 	cd examples && $(GO) run ./quickstart
+
+# About two minutes: throughput against raw amqp091-go and Watermill, a
+# poison flood, scale-up, the retry schedule. Writes bench/results/.
+bench: broker
+	cd bench && $(GO) run . -out results
 
 broker:
 	@scripts/broker.sh
@@ -40,6 +58,7 @@ gomod:
 
 vet:
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
+	@$(GO) vet -tags disruptive ./internal/reliability
 
 $(STATICCHECK):
 	@mkdir -p $(BIN)
@@ -48,7 +67,41 @@ $(STATICCHECK):
 
 staticcheck: $(STATICCHECK)
 	@for m in $(MODULES); do (cd $$m && $(STATICCHECK) ./...); done
+	@$(STATICCHECK) -tags disruptive ./internal/reliability
 
 # AMQPRETRY_REQUIRE_BROKER=1: a test that needs the broker fails instead of skipping.
 unit:
 	@for m in $(MODULES); do (cd $$m && AMQPRETRY_REQUIRE_BROKER=1 $(GO) test -race -count=1 ./...); done
+
+# Tests that stop the broker's app run alone, after the others: a restart
+# would pull the broker from under tests running in parallel.
+reliability:
+	AMQPRETRY_REQUIRE_BROKER=1 $(GO) test -race -count=1 -tags disruptive -timeout 8m -run 'Soak' -v ./internal/reliability | grep -E '^(---|===|ok|FAIL|PASS)|soak_test' || (echo "reliability suite failed"; exit 1)
+
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; name=$${t##*:}; \
+	  $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg > /tmp/amqpretry-fuzz.log 2>&1 \
+	    || { cat /tmp/amqpretry-fuzz.log; echo "fuzzing $$name found a failing input (saved under $$pkg/testdata/fuzz)"; exit 1; }; \
+	  echo "fuzz $$name: ok ($(FUZZTIME))"; \
+	done
+
+# The long soak: 200,000 messages through cut connections and a broker restart.
+soak: broker
+	AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_SOAK_MESSAGES=$${AMQPRETRY_SOAK_MESSAGES:-200000} \
+	  $(GO) test -race -count=1 -tags disruptive -timeout 60m -run 'Soak' -v ./internal/reliability
+
+$(GOVULNCHECK):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN) $(GO) install golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION)
+	@mv $(BIN)/govulncheck $@
+
+# govulncheck needs its database at vuln.go.dev. Where that is unreachable
+# (machines whose only registry is the Go module proxy) it says so loudly and
+# does not fail the build; everywhere else a finding fails it.
+vulncheck: $(GOVULNCHECK)
+	@if curl -fsS -m 10 -o /dev/null https://vuln.go.dev/index/db.json 2>/dev/null; then \
+	  for m in $(MODULES); do (cd $$m && $(GOVULNCHECK) ./...) || exit 1; done; \
+	else \
+	  echo "vulncheck: NOT RUN - the vulnerability database (https://vuln.go.dev) is unreachable from this machine"; \
+	fi

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/amqpretry/amqpretry/listener"
+)
+
+// Sections of the run, and the throughput variants, by the names -skip takes.
+const (
+	sectionThroughput = "throughput"
+	sectionPoison     = "poison"
+	sectionSchedule   = "schedule"
+	sectionScale      = "scale"
+	sectionChain      = "chain"
+)
+
+var sections = []string{sectionThroughput, sectionPoison, sectionSchedule, sectionScale, sectionChain}
+
+// Config is everything one run needs. main fills it from flags; the smoke
+// test fills it with tiny numbers.
+type Config struct {
+	URL            string
+	Rounds         int
+	Messages       int // per throughput run
+	PoisonMessages int // per poison-flood run; 0: as Messages
+	ScaleBacklog   int
+	Consumers      int
+	Prefetch       int
+	// Settle is the pause after filling a queue: the broker is still
+	// deleting the previous run's queue and paging messages in.
+	Settle time.Duration
+	Out    string          // where results.json and throughput.png go
+	Skip   map[string]bool // section and variant names
+	Stdout io.Writer       // the markdown report
+	Log    io.Writer       // progress
+}
+
+func defaultConfig() Config {
+	return Config{
+		URL:          defaultURL,
+		Rounds:       3,
+		Messages:     30000,
+		ScaleBacklog: 3000,
+		Consumers:    2,
+		Prefetch:     listener.DefaultPrefetch,
+		Settle:       time.Second,
+		Out:          "results",
+		Skip:         map[string]bool{},
+	}
+}
+
+// parseSkip reads -skip's comma list and rejects names it does not know, so
+// that a typo does not silently run everything.
+func parseSkip(list string) (map[string]bool, error) {
+	known := append(slices.Clone(sections), variantNames()...)
+	skip := map[string]bool{}
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		if !slices.Contains(known, name) {
+			return nil, fmt.Errorf("-skip: unknown name %q; known: %s", name, strings.Join(known, ", "))
+		}
+		skip[name] = true
+	}
+	return skip, nil
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Rounds < 1:
+		return fmt.Errorf("-rounds expects at least 1, got %d", c.Rounds)
+	case c.Messages < 1:
+		return fmt.Errorf("-messages expects at least 1, got %d", c.Messages)
+	case c.PoisonMessages < 0:
+		return fmt.Errorf("-poison-messages expects at least 0 (as -messages), got %d", c.PoisonMessages)
+	case c.ScaleBacklog < 1:
+		return fmt.Errorf("-scale-backlog expects at least 1, got %d", c.ScaleBacklog)
+	case c.Out == "":
+		return fmt.Errorf("-out expects a directory")
+	}
+	return nil
+}
+
+// poisonMessages is the poison flood's count: raw and listener move the
+// same number.
+func (c Config) poisonMessages() int {
+	if c.PoisonMessages == 0 {
+		return c.Messages
+	}
+	return c.PoisonMessages
+}
+
+// logf writes a progress line.
+func (c Config) logf(format string, args ...any) {
+	if c.Log != nil {
+		fmt.Fprintf(c.Log, "bench: "+format+"\n", args...)
+	}
+}

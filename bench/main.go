@@ -1,0 +1,132 @@
+// Command bench measures amqpretry against raw amqp091-go and Watermill on a
+// live RabbitMQ broker: happy-path throughput, a poison flood to the DLQ, the
+// retry schedule's accuracy, the listener's scale-up time, and the chain's
+// per-message overhead. It prints a markdown report and writes
+// results.json (every sample) and throughput.png into -out.
+//
+//	make bench                           # the broker, then the defaults below
+//	go run . -rounds 1 -messages 5000 -skip schedule,watermill
+//
+// Throughput runs are interleaved (raw, listener, listener-otel, watermill,
+// raw, ...) and reported as medians: the broker shares the machine, and a
+// run's speed moves with whatever else the host is doing.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+	"time"
+)
+
+func main() {
+	cfg := defaultConfig()
+	if u := os.Getenv("AMQP_URL"); u != "" {
+		cfg.URL = u
+	}
+	cfg.Stdout, cfg.Log = os.Stdout, os.Stderr
+	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "interleaved rounds per comparison; medians are reported")
+	flag.IntVar(&cfg.Messages, "messages", cfg.Messages, "messages per happy-path run")
+	flag.IntVar(&cfg.PoisonMessages, "poison-messages", cfg.PoisonMessages, "messages per poison-flood run (0: as -messages)")
+	flag.IntVar(&cfg.ScaleBacklog, "scale-backlog", cfg.ScaleBacklog, "ready messages when the scale-up test starts")
+	flag.DurationVar(&cfg.Settle, "settle", cfg.Settle, "pause after filling a queue, before measuring")
+	flag.StringVar(&cfg.Out, "out", cfg.Out, "directory for results.json and throughput.png")
+	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(variantNames())+") to leave out")
+	flag.Parse()
+	var err error
+	if cfg.Skip, err = parseSkip(*skip); err == nil {
+		err = cfg.validate()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if _, err := run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+// run measures every section not skipped, then writes the report and the
+// files. On any failure it writes nothing, so a good earlier result is never
+// replaced by a partial one.
+func run(ctx context.Context, cfg Config) (*Results, error) {
+	began := time.Now()
+	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+		return nil, err
+	}
+	b, err := dialBroker(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	e := &env{cfg: cfg, broker: b}
+
+	r := &Results{
+		Machine: machineInfo(b),
+		Settings: Settings{
+			Rounds: cfg.Rounds, Messages: cfg.Messages, PoisonMessages: cfg.poisonMessages(),
+			Consumers: cfg.Consumers, Prefetch: cfg.Prefetch, SettleSeconds: cfg.Settle.Seconds(),
+		},
+	}
+	r.Machine.Date = began.UTC().Format(time.RFC3339)
+	for name := range cfg.Skip {
+		r.Settings.Skipped = append(r.Settings.Skipped, name)
+	}
+	sort.Strings(r.Settings.Skipped)
+
+	// The micro-benchmark first, while nothing else runs; the retry schedule
+	// last and alone, since load on the two shared cores would show up in
+	// its timings.
+	if !cfg.Skip[sectionChain] {
+		cfg.logf("chain overhead (testing.Benchmark)")
+		r.Chain = measureChain()
+	}
+	if !cfg.Skip[sectionThroughput] {
+		if r.Throughput, err = compare(ctx, e, sectionThroughput, throughputVariants(e), cfg.Messages); err != nil {
+			return nil, err
+		}
+	}
+	if !cfg.Skip[sectionPoison] {
+		if r.Poison, err = compare(ctx, e, sectionPoison, poisonVariants(e), cfg.poisonMessages()); err != nil {
+			return nil, err
+		}
+	}
+	if !cfg.Skip[sectionScale] {
+		cfg.logf("scale-up: %d → %d consumers", scaleFrom, scaleTo)
+		if r.ScaleUp, err = measureScaleUp(ctx, e); err != nil {
+			return nil, fmt.Errorf("scale-up: %w", err)
+		}
+	}
+	if !cfg.Skip[sectionSchedule] {
+		cfg.logf("retry schedule: one message through Retry(%d), about 15s", scheduleAttempts)
+		if r.Schedule, err = measureSchedule(ctx, e); err != nil {
+			return nil, fmt.Errorf("retry schedule: %w", err)
+		}
+	}
+	r.WallSecs = time.Since(began).Seconds()
+	r.Machine.LoadAfter = loadAverage()
+
+	if err := writeJSON(cfg.Out, r); err != nil {
+		return nil, err
+	}
+	if r.Throughput != nil {
+		subtitle := fmt.Sprintf("%d consumers, prefetch %d, %d messages, %s %s, %s",
+			cfg.Consumers, cfg.Prefetch, cfg.Messages, r.Machine.Broker, r.Machine.BrokerVer, r.Machine.Date[:10])
+		if err := writeChart(cfg.Out, r.Throughput, subtitle); err != nil {
+			return nil, fmt.Errorf("throughput.png: %w", err)
+		}
+	}
+	if cfg.Stdout != nil {
+		writeMarkdown(cfg.Stdout, r)
+	}
+	return r, nil
+}

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// epoch anchors tally's timestamps: durations since it keep Go's monotonic
+// clock, which wall-clock nanoseconds would lose.
+var epoch = time.Now()
+
+// tally counts messages as the code under test finishes them and remembers
+// when the first began and the last ended. It is safe for many goroutines.
+type tally struct {
+	target int64
+	n      atomic.Int64
+	first  atomic.Int64 // time.Duration since epoch, 0 until begin
+	last   atomic.Int64
+	done   chan struct{}
+	stall  time.Duration // how long wait lets the count stand still
+}
+
+func newTally(target int) *tally {
+	return &tally{target: int64(target), done: make(chan struct{}), stall: stallTimeout}
+}
+
+// begin marks the first message handled; later calls do nothing.
+func (t *tally) begin() {
+	t.first.CompareAndSwap(0, int64(time.Since(epoch)))
+}
+
+// hit counts one finished message and closes done on the target.
+func (t *tally) hit() {
+	now := int64(time.Since(epoch))
+	t.first.CompareAndSwap(0, now)
+	if t.n.Add(1) == t.target {
+		t.last.Store(now)
+		close(t.done)
+	}
+}
+
+// count is how many messages have been counted so far.
+func (t *tally) count() int { return int(t.n.Load()) }
+
+// elapsed is the time from the first message begun to the target reached.
+func (t *tally) elapsed() time.Duration { return time.Duration(t.last.Load() - t.first.Load()) }
+
+// stallTimeout is how long wait lets the count stand still by default before
+// it gives up: a variant that stops making progress is a failure, not a slow
+// run.
+const stallTimeout = 20 * time.Second
+
+// wait blocks until the target is reached, ctx ends, or the count stalls.
+func (t *tally) wait(ctx context.Context) error {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	seen, since := -1, time.Now()
+	for {
+		select {
+		case <-t.done:
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d messages: %w", t.count(), t.target, ctx.Err())
+		case now := <-tick.C:
+			if c := t.count(); c != seen {
+				seen, since = c, now
+			} else if now.Sub(since) > t.stall {
+				return fmt.Errorf("stalled at %d of %d messages for %v", c, t.target, t.stall)
+			}
+		}
+	}
+}
+
+// cpuTime is this process's user+system CPU time so far. The broker shares
+// the machine's cores, so throughput moves with whatever else runs; CPU per
+// message is the client's own cost and moves much less.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// Sample is one measured run of one variant.
+type Sample struct {
+	Messages  int     `json:"messages"`
+	Seconds   float64 `json:"seconds"` // first message begun to last finished
+	MsgPerSec float64 `json:"msg_per_sec"`
+	CPUPerMsg float64 `json:"cpu_us_per_msg"` // client CPU (user+system), µs
+}
+
+// sampleOf turns a finished tally and the CPU spent since cpu0 into a Sample.
+func sampleOf(t *tally, cpu0 time.Duration) Sample {
+	n := int(t.target)
+	secs := t.elapsed().Seconds()
+	return Sample{
+		Messages:  n,
+		Seconds:   secs,
+		MsgPerSec: float64(n) / secs,
+		CPUPerMsg: float64((cpuTime() - cpu0).Nanoseconds()) / 1e3 / float64(n),
+	}
+}
+
+// median of xs; the mean of the middle two for an even count, 0 for none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	m := len(s) / 2
+	if len(s)%2 == 0 {
+		return (s[m-1] + s[m]) / 2
+	}
+	return s[m]
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// requireBroker skips without a broker, or fails under
+// AMQPRETRY_REQUIRE_BROKER=1 (make test): there a skipped smoke test would
+// hide a bench that no longer runs.
+func requireBroker(t *testing.T) string {
+	t.Helper()
+	url := defaultURL
+	if u := os.Getenv("AMQP_URL"); u != "" {
+		url = u
+	}
+	b, err := dialBroker(url)
+	if err != nil {
+		if os.Getenv("AMQPRETRY_REQUIRE_BROKER") == "1" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	_ = b.Close()
+	return url
+}
+
+// TestSmoke runs the whole program end to end with tiny numbers and one
+// round, leaving out only the 15-second retry schedule.
+func TestSmoke(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.URL = requireBroker(t)
+	cfg.Rounds, cfg.Messages, cfg.PoisonMessages = 1, 300, 200
+	cfg.Settle = 0
+	cfg.Out = t.TempDir()
+	cfg.Skip = map[string]bool{sectionSchedule: true}
+	var out bytes.Buffer
+	cfg.Stdout = &out
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, v := range res.Throughput.Variants {
+		if len(v.Samples) != 1 || v.MedianMsgPerSec <= 0 || v.MedianCPUPerMsg <= 0 {
+			t.Errorf("throughput %s: %+v", v.Name, v)
+		}
+	}
+	if got := len(res.Throughput.Variants); got != 4 {
+		t.Errorf("throughput: %d variants, want 4", got)
+	}
+	if got := len(res.Poison.Variants); got != 2 {
+		t.Errorf("poison flood: %d variants, want 2", got)
+	}
+	if res.ScaleUp == nil || res.ScaleUp.SecondsFromRun <= 0 {
+		t.Errorf("scale-up: %+v", res.ScaleUp)
+	}
+	if res.Chain == nil || res.Chain.Chain.NsPerOp <= 0 {
+		t.Errorf("chain overhead: %+v", res.Chain)
+	}
+	if res.Schedule != nil {
+		t.Error("the skipped retry schedule ran")
+	}
+	if res.Machine.BrokerVer == "" {
+		t.Error("no broker version in the machine info")
+	}
+
+	for _, want := range []string{"| raw |", "| listener |", "| listener-otel |", "| watermill |", "| raw-republish |", "Scale-up", "Chain overhead"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the report lacks %q:\n%s", want, out.String())
+		}
+	}
+	data, err := os.ReadFile(filepath.Join(cfg.Out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Results
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatalf("results.json: %v", err)
+	}
+	if len(back.Throughput.Variants[0].Samples) != 1 {
+		t.Errorf("results.json lacks the raw samples: %s", data)
+	}
+	if png, err := os.ReadFile(filepath.Join(cfg.Out, "throughput.png")); err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
+		t.Errorf("throughput.png: not a PNG (%v)", err)
+	}
+}
