@@ -18,4 +18,9 @@
 // have reached its queue, and publishing it again can make a duplicate.
 // Consumers should be idempotent, as they must be with any at-least-once
 // delivery.
+//
+// Each publish is an OpenTelemetry PRODUCER span "send <exchange>" whose
+// context is written into a copy of the message's headers (traceparent), and
+// is counted in messaging.client.sent.messages and
+// messaging.client.operation.duration (until the confirm).
 package publisher

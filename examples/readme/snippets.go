@@ -21,7 +21,7 @@ var errNotFound = errors.New("customer not found")
 
 type order struct{ ID string }
 
-func decode([]byte) (order, error) { return order{}, nil }
+func decode([]byte) (order, error)      { return order{}, nil }
 func ship(context.Context, order) error { return nil }
 
 // UsedBy is the README's opening snippet, verbatim: it shows the shape of
