@@ -10,7 +10,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/middleware"
-	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
@@ -137,16 +136,11 @@ func openRepublisher(conn *amqp.Connection, q, tag string, prefetch int) (<-chan
 // wrapped only to count, after its confirm, the copies safely on the DLQ.
 func republishListener(ctx context.Context, e *env, q string, n int) (s Sample, err error) {
 	dlq := q + ".dlq"
-	cleanup, err := e.broker.queues(dlq)
+	pub, done, err := e.withRecovery(dlq)
 	if err != nil {
 		return Sample{}, err
 	}
-	defer func() { err = errors.Join(err, cleanup()) }()
-	pub, err := publisher.New(e.broker.url, publisher.WithLogger(quietLogger()))
-	if err != nil {
-		return Sample{}, err
-	}
-	defer func() { err = errors.Join(err, pub.Close()) }()
+	defer func() { err = errors.Join(err, done()) }()
 
 	t := newTally(n)
 	republish := recoverer.Republish(pub, "", dlq)

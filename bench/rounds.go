@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/amqpretry/amqpretry/publisher"
 	"runtime"
 	"time"
 )
@@ -116,4 +117,18 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// withRecovery declares queues and opens a publisher for the recoverer, as
+// every measurement through our chain needs; done deletes and closes them.
+func (e *env) withRecovery(queues ...string) (pub *publisher.Publisher, done func() error, err error) {
+	cleanup, err := e.broker.queues(queues...)
+	if err != nil {
+		return nil, nil, err
+	}
+	pub, err = publisher.New(e.broker.url, publisher.WithLogger(quietLogger()))
+	if err != nil {
+		return nil, nil, errors.Join(err, cleanup())
+	}
+	return pub, func() error { return errors.Join(pub.Close(), cleanup()) }, nil
 }

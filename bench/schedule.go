@@ -10,7 +10,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/middleware"
-	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
@@ -48,16 +47,11 @@ func expectedWaits(n int) []time.Duration {
 func measureSchedule(ctx context.Context, e *env) (res *Schedule, err error) {
 	q := uniqueName("schedule")
 	dlq := q + ".dlq"
-	cleanup, err := e.broker.queues(q, dlq)
+	pub, done, err := e.withRecovery(q, dlq)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { err = errors.Join(err, cleanup()) }()
-	pub, err := publisher.New(e.broker.url, publisher.WithLogger(quietLogger()))
-	if err != nil {
-		return nil, err
-	}
-	defer func() { err = errors.Join(err, pub.Close()) }()
+	defer func() { err = errors.Join(err, done()) }()
 	if err := e.broker.fill(ctx, q, 1); err != nil {
 		return nil, err
 	}

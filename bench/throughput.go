@@ -14,7 +14,6 @@ import (
 
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
-	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
@@ -121,16 +120,11 @@ func (discardExporter) Shutdown(context.Context) error                          
 // the recoverer and its publisher exist but are never called.
 func consumeWithListener(ctx context.Context, e *env, q string, n int, opts ...listener.Option) (s Sample, err error) {
 	dlq := q + ".dlq"
-	cleanup, err := e.broker.queues(dlq)
+	pub, done, err := e.withRecovery(dlq)
 	if err != nil {
 		return Sample{}, err
 	}
-	defer func() { err = errors.Join(err, cleanup()) }()
-	pub, err := publisher.New(e.broker.url, publisher.WithLogger(quietLogger()))
-	if err != nil {
-		return Sample{}, err
-	}
-	defer func() { err = errors.Join(err, pub.Close()) }()
+	defer func() { err = errors.Join(err, done()) }()
 
 	t := newTally(n)
 	mw := middleware.Chain(middleware.Retry(5), middleware.Recover(recoverer.Republish(pub, "", dlq)))
