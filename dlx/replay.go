@@ -23,6 +23,7 @@ type ReplayStats struct {
 type ReplayOption func(*replayConfig)
 
 type replayConfig struct {
+	prefix     string
 	limit      int
 	match      func(*amqp.Delivery) bool
 	toQueue    string
@@ -47,6 +48,10 @@ func ReplayTo(queue string) ReplayOption { return func(c *replayConfig) { c.toQu
 // so every queue bound there gets it again.
 func ReplayToOriginalExchange() ReplayOption { return func(c *replayConfig) { c.toOriginal = true } }
 
+// ReplayHeaderPrefix names the prefix the recoverer wrote its fault headers
+// with, when it was not recoverer.DefaultHeaderPrefix (WithHeaderPrefix).
+func ReplayHeaderPrefix(prefix string) ReplayOption { return func(c *replayConfig) { c.prefix = prefix } }
+
 // ReplayProgress calls f after each message.
 func ReplayProgress(f func(ReplayStats)) ReplayOption {
 	return func(c *replayConfig) { c.progress = f }
@@ -66,7 +71,7 @@ func ReplayProgress(f func(ReplayStats)) ReplayOption {
 // DLQ when it started once, and returns when it has seen them all, when the
 // limit is reached, or when ctx ends; ch is used for basic.get and acks.
 func Replay(ctx context.Context, ch *amqp.Channel, pub *publisher.Publisher, dlq string, opts ...ReplayOption) (ReplayStats, error) {
-	var cfg replayConfig
+	cfg := replayConfig{prefix: recoverer.DefaultHeaderPrefix}
 	for _, opt := range opts {
 		opt(&cfg)
 	}
@@ -102,7 +107,7 @@ func Replay(ctx context.Context, ch *amqp.Channel, pub *publisher.Publisher, dlq
 			cfg.report(stats)
 			continue
 		}
-		if err := pub.Publish(ctx, exchange, key, Restart(&d)); err != nil {
+		if err := pub.Publish(ctx, exchange, key, restart(&d, cfg.prefix)); err != nil {
 			_ = d.Reject(true)
 			return stats, fmt.Errorf("dlx: replay message %q to exchange %q, key %q: %w (it stays on %s)", d.MessageId, exchange, key, err, dlq)
 		}
@@ -131,16 +136,23 @@ func (c *replayConfig) destination(d *amqp.Delivery) (exchange, key string) {
 		key, _ = d.Headers[recoverer.HeaderOriginalRoutingKey].(string)
 		return exchange, key
 	}
-	queue, _ := d.Headers[recoverer.DefaultHeaderPrefix+recoverer.SuffixOriginalQueue].(string)
+	queue, _ := d.Headers[c.prefix+recoverer.SuffixOriginalQueue].(string)
+	if queue == "" {
+		// Dead-lettered by the broker itself (Reject, Permanent without a
+		// recoverer, a delivery limit): it names the queue it came from.
+		queue, _ = d.Headers["x-first-death-queue"].(string)
+	}
 	return "", queue
 }
 
 // Restart is the publishing Replay sends for d: its body and properties with
-// the fault, retry and death headers removed.
-func Restart(d *amqp.Delivery) amqp.Publishing {
+// the fault, retry and death headers removed (recoverer.DefaultHeaderPrefix).
+func Restart(d *amqp.Delivery) amqp.Publishing { return restart(d, recoverer.DefaultHeaderPrefix) }
+
+func restart(d *amqp.Delivery, prefix string) amqp.Publishing {
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
-		if !isFaultOrRetryHeader(k) {
+		if !isFaultOrRetryHeader(k, prefix) {
 			headers[k] = v
 		}
 	}
@@ -150,13 +162,24 @@ func Restart(d *amqp.Delivery) amqp.Publishing {
 	return msg
 }
 
-func isFaultOrRetryHeader(k string) bool {
+func isFaultOrRetryHeader(k, prefix string) bool {
 	switch k {
 	case recoverer.HeaderExceptionMessage, recoverer.HeaderExceptionStacktrace,
 		recoverer.HeaderOriginalExchange, recoverer.HeaderOriginalRoutingKey,
 		RetryCountHeader, "x-death", "x-delivery-count":
 		return true
 	}
-	return strings.HasPrefix(k, recoverer.DefaultHeaderPrefix) ||
-		strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
+	if strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") {
+		return true
+	}
+	if prefix != "" {
+		return strings.HasPrefix(k, prefix)
+	}
+	// No prefix: our headers are the bare suffixes.
+	switch k {
+	case recoverer.SuffixOriginalQueue, recoverer.SuffixErrorType, recoverer.SuffixAttempts, recoverer.SuffixFailedAt,
+		recoverer.SuffixHost, recoverer.SuffixOriginalExpiration, recoverer.SuffixOriginalUserID:
+		return true
+	}
+	return false
 }

@@ -71,8 +71,15 @@ type Topology struct {
 	// Queue+".retry", instead of RetryDelays.
 	SingleRetryDelay time.Duration
 
-	// DeliveryLimit sets x-delivery-limit on quorum queues (0: the broker's default).
+	// DeliveryLimit sets x-delivery-limit on the quorum work and retry queues
+	// (0: the broker's default). The DLQ never gets it: inspecting or
+	// filtering a DLQ (amqpretry dlq list, Replay with a match) hands messages
+	// back, which counts as a delivery, and a DLQ has nowhere to send the
+	// ones past the limit. RabbitMQ 4 gives quorum queues a default limit of
+	// 20: pass x-delivery-limit: -1 in DLQArguments there.
 	DeliveryLimit int
+	// DLQArguments are added to the dead-letter queue's arguments.
+	DLQArguments amqp.Table
 	// AtLeastOnce makes quorum queues dead-letter at least once
 	// (x-dead-letter-strategy=at-least-once, which needs x-overflow=reject-publish)
 	// instead of at most once.
@@ -129,8 +136,8 @@ func (t Topology) Validate() error {
 		return fmt.Errorf("dlx: Topology.Type must be %q or %q, got %q", Classic, Quorum, t.Type)
 	case len(t.RetryDelays) > 0 && t.SingleRetryDelay > 0:
 		return errors.New("dlx: set Topology.RetryDelays or Topology.SingleRetryDelay, not both")
-	case t.SingleRetryDelay < 0:
-		return fmt.Errorf("dlx: Topology.SingleRetryDelay must be positive, got %v", t.SingleRetryDelay)
+	case t.SingleRetryDelay < 0 || (t.SingleRetryDelay > 0 && t.SingleRetryDelay < time.Millisecond):
+		return fmt.Errorf("dlx: Topology.SingleRetryDelay must be at least 1ms, got %v", t.SingleRetryDelay)
 	case t.DeliveryLimit < 0:
 		return fmt.Errorf("dlx: Topology.DeliveryLimit must be >= 0, got %d", t.DeliveryLimit)
 	case (t.DeliveryLimit > 0 || t.AtLeastOnce) && t.Type != Quorum:
@@ -169,7 +176,7 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	if err := ch.ExchangeDeclare(t.DLX(), "direct", true, false, false, false, nil); err != nil {
 		return conflict("exchange", t.DLX(), err)
 	}
-	if err := t.declareQueue(ch, t.DLQ(), nil, false); err != nil {
+	if err := t.declareQueue(ch, t.DLQ(), t.DLQArguments, false); err != nil {
 		return err
 	}
 	if err := ch.QueueBind(t.DLQ(), t.DLQRoutingKey(), t.DLX(), false, nil); err != nil {
@@ -229,14 +236,16 @@ func or2(s, fallback []string) []string {
 }
 
 // declareQueue declares a durable queue of the topology's type;
-// deadLetters marks a queue that dead-letters (for at-least-once).
-func (t Topology) declareQueue(ch *amqp.Channel, name string, args amqp.Table, deadLetters bool) error {
-	if args == nil {
-		args = amqp.Table{}
+// deadLetters marks a queue that dead-letters (for at-least-once and the
+// delivery limit: only those have somewhere to send what they give up on).
+func (t Topology) declareQueue(ch *amqp.Channel, name string, extra amqp.Table, deadLetters bool) error {
+	args := amqp.Table{}
+	for k, v := range extra {
+		args[k] = v
 	}
 	if t.Type == Quorum {
 		args["x-queue-type"] = string(Quorum)
-		if t.DeliveryLimit > 0 {
+		if t.DeliveryLimit > 0 && deadLetters {
 			args["x-delivery-limit"] = int64(t.DeliveryLimit)
 		}
 		if t.AtLeastOnce && deadLetters {
@@ -264,7 +273,7 @@ func (e *ConflictError) Error() string {
 	if e.Argument != "" {
 		arg = e.Argument
 	}
-	fix := fmt.Sprintf("delete it (rabbitmqctl delete_queue %s) so it is declared again, or change the Topology to match it", e.Name)
+	fix := fmt.Sprintf("delete it (rabbitmqctl delete_queue %s) so it is declared again — which deletes its messages: move them first (amqpretry dlq replay %s --to ...) — or change the Topology to match it", e.Name, e.Name)
 	if e.Kind == "exchange" {
 		fix = "delete it (management UI, rabbitmqadmin) so it is declared again, or change the Topology to match it"
 	}

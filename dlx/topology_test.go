@@ -252,3 +252,104 @@ func TestSingleRetryDelayLayout(t *testing.T) {
 		t.Errorf("RetryCount from x-death = %d on the last arrival, want 2", got[2].retryCount)
 	}
 }
+
+// Inspecting or filtering a DLQ hands messages back, which counts as a
+// delivery: the DLQ must never carry a delivery limit of ours.
+func TestQuorumDLQHasNoDeliveryLimit(t *testing.T) {
+	topo := topology(t, dlx.Topology{
+		Type: dlx.Quorum, DeliveryLimit: 2, RetryDelays: []time.Duration{time.Second},
+		DLQArguments: amqp.Table{"x-max-length": int64(100000)},
+	})
+	declare(t, topo)
+	args := map[string]string{}
+	for _, line := range strings.Split(brokertest.Rabbitmqctl(t, "list_queues", "name", "arguments"), "\n") {
+		if name, a, ok := strings.Cut(line, "\t"); ok {
+			args[name] = a
+		}
+	}
+	if !strings.Contains(args[topo.Queue], "x-delivery-limit") || !strings.Contains(args[topo.RetryQueue(time.Second)], "x-delivery-limit") {
+		t.Errorf("work and retry queues should carry the delivery limit: %q, %q", args[topo.Queue], args[topo.RetryQueue(time.Second)])
+	}
+	if strings.Contains(args[topo.DLQ()], "x-delivery-limit") || !strings.Contains(args[topo.DLQ()], "x-max-length") {
+		t.Errorf("DLQ arguments %q: want DLQArguments and no delivery limit", args[topo.DLQ()])
+	}
+	// Three messages looked at three times, as three `dlq list` would.
+	brokertest.Publish(t, topo.DLQ(), amqp.Publishing{}, amqp.Publishing{}, amqp.Publishing{})
+	for range 3 {
+		ch := brokertest.Channel(t, brokertest.Dial(t))
+		for range 3 {
+			if _, ok, err := ch.Get(topo.DLQ(), false); err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+		}
+		ch.Close()
+	}
+	if n := brokertest.Depth(t, topo.DLQ()); n != 3 {
+		t.Fatalf("the DLQ holds %d after three looks, want all 3", n)
+	}
+}
+
+// The original exchange and routing key survive the tier hops, so a replay
+// to them reaches every queue bound there again.
+func TestOriginalDestinationSurvivesTiers(t *testing.T) {
+	shop := brokertest.Name(t, "shop")
+	brokertest.Exchange(t, shop, "topic")
+	topo := topology(t, dlx.Topology{Exchange: shop, ExchangeKind: "topic", BindingKeys: []string{"orders.*"},
+		RetryDelays: []time.Duration{200 * time.Millisecond}})
+	declare(t, topo)
+	pub := newPublisher(t)
+	tiers := topo.Tiers(pub, dlx.WithRepublishOptions(
+		recoverer.WithHeaders(func(context.Context, *amqp.Delivery, error) amqp.Table { return amqp.Table{"x-mine": "kept"} })))
+	listen(t, topo, middleware.Recover(tiers), errors.New("down"))
+	if err := pub.Publish(context.Background(), shop, "orders.created", amqp.Publishing{MessageId: "o1"}); err != nil {
+		t.Fatal(err)
+	}
+	brokertest.Eventually(t, 10*time.Second, "the message on the DLQ", func() bool { return brokertest.Depth(t, topo.DLQ()) == 1 })
+	d, _ := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), topo.DLQ())
+	if d.Headers["x-original-exchange"] != shop || d.Headers["x-original-routingKey"] != "orders.created" {
+		t.Errorf("original destination %v / %v after a tier hop, want %s / orders.created", d.Headers["x-original-exchange"], d.Headers["x-original-routingKey"], shop)
+	}
+	if d.Headers["x-mine"] != "kept" {
+		t.Errorf("WithRepublishOptions(WithHeaders(...)) was dropped: %v", d.Headers)
+	}
+}
+
+// A message the broker dead-lettered itself names its queue in
+// x-first-death-queue: Replay sends it back there.
+func TestReplayOfABrokerDeadLetter(t *testing.T) {
+	topo := topology(t, dlx.Topology{})
+	declare(t, topo)
+	brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: "rejected"})
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	d, _, _ := ch.Get(topo.Queue, false)
+	_ = d.Reject(false) // the work queue's own DLX takes it
+	brokertest.Eventually(t, 5*time.Second, "on the DLQ", func() bool { return brokertest.Depth(t, topo.DLQ()) == 1 })
+	stats, err := dlx.Replay(context.Background(), brokertest.Channel(t, brokertest.Dial(t)), newPublisher(t), topo.DLQ())
+	if err != nil || stats.Replayed != 1 || brokertest.Depth(t, topo.Queue) != 1 {
+		t.Fatalf("stats %+v, err %v, work queue %d", stats, err, brokertest.Depth(t, topo.Queue))
+	}
+}
+
+func TestReplayWithACustomPrefix(t *testing.T) {
+	topo := topology(t, dlx.Topology{})
+	declare(t, topo)
+	pub := newPublisher(t)
+	brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: "p"})
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	d, _, _ := ch.Get(topo.Queue, false)
+	rep := recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey(), recoverer.WithHeaderPrefix("acme-"))
+	if err := rep.Recover(middleware.WithQueue(context.Background(), topo.Queue), &d, errors.New("x")); err != nil {
+		t.Fatal(err)
+	}
+	_ = d.Ack(false)
+	stats, err := dlx.Replay(context.Background(), brokertest.Channel(t, brokertest.Dial(t)), pub, topo.DLQ(), dlx.ReplayHeaderPrefix("acme-"))
+	if err != nil || stats.Replayed != 1 {
+		t.Fatalf("stats %+v, err %v: the acme- headers name the destination", stats, err)
+	}
+	back, _ := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), topo.Queue)
+	for k := range back.Headers {
+		if strings.HasPrefix(k, "acme-") || strings.HasPrefix(k, "x-exception") {
+			t.Errorf("header %s survived the replay", k)
+		}
+	}
+}

@@ -14,7 +14,7 @@ type Option func(*config)
 type config struct {
 	stackTrace     bool
 	headroom       int
-	extra          func(context.Context, *amqp.Delivery, error) amqp.Table
+	extra          []func(context.Context, *amqp.Delivery, error) amqp.Table
 	prefix         string
 	publishTimeout time.Duration
 	errs           []error
@@ -49,13 +49,14 @@ func WithHeadroom(bytes int) Option {
 }
 
 // WithHeaders adds headers of your own to every copy, computed from the
-// delivery and the error. They count against the frame budget.
+// delivery and the error. They count against the frame budget. Several
+// WithHeaders all apply, in order; a later one wins on a shared name.
 func WithHeaders(f func(ctx context.Context, d *amqp.Delivery, cause error) amqp.Table) Option {
 	return func(c *config) {
 		if f == nil {
 			c.errs = append(c.errs, fmt.Errorf("recoverer: WithHeaders expects a non-nil function"))
 		}
-		c.extra = f
+		c.extra = append(c.extra, f)
 	}
 }
 

@@ -130,15 +130,18 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	// and must not be counted against the budget twice.
 	delete(headers, HeaderExceptionMessage)
 	delete(headers, HeaderExceptionStacktrace)
-	if r.cfg.extra != nil {
-		for k, v := range r.cfg.extra(ctx, d, cause) {
+	for _, extra := range r.cfg.extra {
+		for k, v := range extra(ctx, d, cause) {
 			headers[k] = v
 		}
 	}
 	handlerErr := middleware.HandlerError(cause)
 	p := r.cfg.prefix
-	headers[HeaderOriginalExchange] = d.Exchange
-	headers[HeaderOriginalRoutingKey] = d.RoutingKey
+	// A message on a retry hop (a tier, a reject-to-retry cycle) was
+	// republished or dead-lettered already: keep where it was first sent.
+	exchange, key := originalDestination(d)
+	headers[HeaderOriginalExchange] = exchange
+	headers[HeaderOriginalRoutingKey] = key
 	headers[p+SuffixOriginalQueue] = middleware.Queue(ctx)
 	headers[p+SuffixErrorType] = ErrorType(cause)
 	headers[p+SuffixAttempts] = int64(Attempts(ctx, cause))
@@ -209,4 +212,28 @@ func Attempts(ctx context.Context, cause error) int {
 		return n
 	}
 	return middleware.Attempt(ctx)
+}
+
+// originalDestination is where d was first published: the x-original-*
+// headers of an earlier republish, else the oldest x-death entry the broker
+// wrote when it dead-lettered d, else d's own exchange and routing key.
+func originalDestination(d *amqp.Delivery) (exchange, key string) {
+	if ex, ok := d.Headers[HeaderOriginalExchange].(string); ok {
+		if k, ok := d.Headers[HeaderOriginalRoutingKey].(string); ok {
+			return ex, k
+		}
+	}
+	// x-death lists the most recent death first; the oldest is the original.
+	if deaths, ok := d.Headers["x-death"].([]any); ok && len(deaths) > 0 {
+		if first, ok := deaths[len(deaths)-1].(amqp.Table); ok {
+			ex, exOK := first["exchange"].(string)
+			keys, _ := first["routing-keys"].([]any)
+			if exOK && len(keys) > 0 {
+				if k, ok := keys[0].(string); ok {
+					return ex, k
+				}
+			}
+		}
+	}
+	return d.Exchange, d.RoutingKey
 }

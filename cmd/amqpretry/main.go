@@ -1,11 +1,15 @@
 // Command amqpretry inspects and repairs dead-letter queues.
 //
-//	amqpretry dlq list    QUEUE [--limit N]                 a table of the messages, left in place
+//	amqpretry dlq list    QUEUE [--limit N]                 a table of the first N messages (100), left in place
 //	amqpretry dlq show    QUEUE [--index N | --id ID]       one message in full, left in place
 //	amqpretry dlq replay  QUEUE [--limit N] [--match RE] [--to QUEUE | --to-original-exchange]
 //	amqpretry dlq purge   QUEUE --yes                       delete every message
 //
 // The broker is --url, else $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/.
+// --header-prefix matches a recoverer configured with WithHeaderPrefix.
+// list and show take messages without acking them and hand them back, in
+// place, when they end: on a quorum queue with a delivery limit each look
+// counts as a delivery (dlx.Topology's DLQ has none).
 // Exit status: 0 done, 1 the broker or the queue failed, 2 wrong usage.
 package main
 
@@ -33,11 +37,12 @@ import (
 )
 
 const usage = `usage:
-  amqpretry dlq list    QUEUE [--limit N]
+  amqpretry dlq list    QUEUE [--limit N (100)]
   amqpretry dlq show    QUEUE [--index N | --id MESSAGE_ID]
   amqpretry dlq replay  QUEUE [--limit N] [--match REGEXP] [--to QUEUE | --to-original-exchange]
   amqpretry dlq purge   QUEUE --yes
-flags for every command: --url URL (default $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)
+flags for every command: --url URL (default $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/),
+  --header-prefix PREFIX (default x-amqpretry-)
 `
 
 func main() {
@@ -78,6 +83,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	to := fs.String("to", "", "replay: send to this queue")
 	toOriginal := fs.Bool("to-original-exchange", false, "replay: send to the exchange and routing key first used")
 	yes := fs.Bool("yes", false, "purge: really delete the messages")
+	prefix := fs.String("header-prefix", recoverer.DefaultHeaderPrefix, "the prefix the recoverer wrote its headers with (recoverer.WithHeaderPrefix)")
 	queue, err := parse(fs, args[2:])
 	if err != nil {
 		return err
@@ -94,12 +100,12 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	switch cmd {
 	case "list":
-		return withChannel(*url, func(ch *amqp.Channel) error { return list(ch, queue, *limit, stdout) })
+		return withChannel(*url, func(ch *amqp.Channel) error { return list(ctx, ch, queue, *limit, *prefix, stdout) })
 	case "show":
 		if *id != "" && *index != 0 {
 			return fmt.Errorf("%w: show takes --index or --id, not both", errUsage)
 		}
-		return withChannel(*url, func(ch *amqp.Channel) error { return show(ch, queue, *index, *id, stdout) })
+		return withChannel(*url, func(ch *amqp.Channel) error { return show(ctx, ch, queue, *index, *id, stdout) })
 	case "replay":
 		if *to != "" && *toOriginal {
 			return fmt.Errorf("%w: replay takes --to or --to-original-exchange, not both", errUsage)
@@ -110,17 +116,17 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				return fmt.Errorf("%w: --match: %v", errUsage, err)
 			}
 		}
-		return replay(ctx, *url, queue, *limit, re, *to, *toOriginal, stdout, stderr)
+		return replay(ctx, *url, queue, *limit, re, *to, *toOriginal, *prefix, stdout, stderr)
 	case "purge":
 		if !*yes {
-			return fmt.Errorf("%w: purge deletes every message on %s; add --yes to do it", errUsage, queue)
+			return fmt.Errorf("%w: purge deletes every ready message on %s; add --yes to do it", errUsage, queue)
 		}
 		return withChannel(*url, func(ch *amqp.Channel) error {
 			n, err := ch.QueuePurge(queue, false)
 			if err != nil {
 				return fmt.Errorf("purge %s: %w", queue, err)
 			}
-			fmt.Fprintf(stdout, "purged %d messages from %s\n", n, queue)
+			fmt.Fprintf(stdout, "purged %d ready messages from %s (unacked ones stay with their consumers)\n", n, queue)
 			return nil
 		})
 	}
@@ -160,9 +166,9 @@ func withChannel(url string, f func(*amqp.Channel) error) error {
 	return f(ch)
 }
 
-// peek takes up to limit messages without acking them; closing the channel
-// puts them back where they were.
-func peek(ch *amqp.Channel, queue string, limit int) ([]amqp.Delivery, error) {
+// peek takes messages without acking them until stop says so, limit are
+// taken or ctx ends; closing the channel puts them back where they were.
+func peek(ctx context.Context, ch *amqp.Channel, queue string, limit int, stop func(amqp.Delivery) bool) ([]amqp.Delivery, error) {
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
 		return nil, fmt.Errorf("queue %s: %w", queue, err)
@@ -173,6 +179,9 @@ func peek(ch *amqp.Channel, queue string, limit int) ([]amqp.Delivery, error) {
 	}
 	var out []amqp.Delivery
 	for range n {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		d, ok, err := ch.Get(queue, false)
 		if err != nil {
 			return nil, fmt.Errorf("read %s: %w", queue, err)
@@ -181,15 +190,18 @@ func peek(ch *amqp.Channel, queue string, limit int) ([]amqp.Delivery, error) {
 			break
 		}
 		out = append(out, d)
+		if stop != nil && stop(d) {
+			break
+		}
 	}
 	return out, nil
 }
 
-func list(ch *amqp.Channel, queue string, limit int, stdout io.Writer) error {
+func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix string, stdout io.Writer) error {
 	if limit <= 0 {
 		limit = 100
 	}
-	msgs, err := peek(ch, queue, limit)
+	msgs, err := peek(ctx, ch, queue, limit, nil)
 	if err != nil {
 		return err
 	}
@@ -198,8 +210,8 @@ func list(ch *amqp.Channel, queue string, limit int, stdout io.Writer) error {
 	for i, d := range msgs {
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", i, orDash(d.MessageId), orDash(originalKey(&d)),
 			oneLine(header(&d, recoverer.HeaderExceptionMessage), 60),
-			orDash(header(&d, recoverer.DefaultHeaderPrefix+recoverer.SuffixAttempts)), dlx.RetryCount(&d),
-			orDash(header(&d, recoverer.DefaultHeaderPrefix+recoverer.SuffixFailedAt)))
+			orDash(header(&d, prefix+recoverer.SuffixAttempts)), dlx.RetryCount(&d),
+			orDash(header(&d, prefix+recoverer.SuffixFailedAt)))
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -208,17 +220,19 @@ func list(ch *amqp.Channel, queue string, limit int, stdout io.Writer) error {
 	return nil
 }
 
-func show(ch *amqp.Channel, queue string, index int, id string, stdout io.Writer) error {
-	msgs, err := peek(ch, queue, 0)
+func show(ctx context.Context, ch *amqp.Channel, queue string, index int, id string, stdout io.Writer) error {
+	var d *amqp.Delivery
+	seen := 0
+	msgs, err := peek(ctx, ch, queue, 0, func(m amqp.Delivery) bool {
+		seen++
+		if (id != "" && m.MessageId == id) || (id == "" && seen == index+1) {
+			d = &m
+			return true
+		}
+		return false
+	})
 	if err != nil {
 		return err
-	}
-	var d *amqp.Delivery
-	for i := range msgs {
-		if (id != "" && msgs[i].MessageId == id) || (id == "" && i == index) {
-			d = &msgs[i]
-			break
-		}
 	}
 	if d == nil {
 		if id != "" {
@@ -235,13 +249,13 @@ func show(ch *amqp.Channel, queue string, index int, id string, stdout io.Writer
 	return nil
 }
 
-func replay(ctx context.Context, url, queue string, limit int, re *regexp.Regexp, to string, toOriginal bool, stdout, stderr io.Writer) error {
+func replay(ctx context.Context, url, queue string, limit int, re *regexp.Regexp, to string, toOriginal bool, prefix string, stdout, stderr io.Writer) error {
 	pub, err := publisher.New(url)
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
-	opts := []dlx.ReplayOption{dlx.ReplayLimit(limit)}
+	opts := []dlx.ReplayOption{dlx.ReplayLimit(limit), dlx.ReplayHeaderPrefix(prefix)}
 	if re != nil {
 		opts = append(opts, dlx.ReplayMatch(func(d *amqp.Delivery) bool {
 			return re.MatchString(d.MessageId) || re.MatchString(originalKey(d)) ||

@@ -124,7 +124,7 @@ func TestPurge(t *testing.T) {
 	if brokertest.Depth(t, topo.DLQ()) != 2 {
 		t.Fatal("purge without --yes deleted messages")
 	}
-	if code, out, _ := amqpretry(t, "dlq", "purge", topo.DLQ(), "--yes"); code != 0 || !strings.Contains(out, "purged 2 messages") {
+	if code, out, _ := amqpretry(t, "dlq", "purge", topo.DLQ(), "--yes"); code != 0 || !strings.Contains(out, "purged 2 ready messages") {
 		t.Fatalf("purge --yes: exit %d, %s", code, out)
 	}
 }
