@@ -31,7 +31,6 @@ type consumer struct {
 	cancel     context.CancelFunc
 	handle     middleware.Handler // mw(gate(CatchPanics(h)))
 	gate       chan struct{}
-	start      time.Time
 	spans      spanBuffers // for startProcess, used by the current reader only
 
 	consuming atomic.Bool
@@ -78,9 +77,8 @@ func (r *run) startConsumer(conn *amqp.Connection, ended chan<- *consumer) (*con
 		r: r, ch: ch, tag: tag, cancel: cancel,
 		// The chain's Retry and Recover use the listener's telemetry unless
 		// given their own.
-		ctx:   telemetry.With(middleware.WithQueue(middleware.WithInterrupt(ctx, r.interrupt), l.queue), l.tel),
-		gate:  make(chan struct{}, 1),
-		start: time.Now(),
+		ctx:  telemetry.With(middleware.WithQueue(middleware.WithInterrupt(ctx, r.interrupt), l.queue), l.tel),
+		gate: make(chan struct{}, 1),
 	}
 	c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
 	c.consuming.Store(true)
@@ -263,11 +261,13 @@ func (c *consumer) process(dd *delivery) {
 	dd.Context = ctx
 	err := c.call(dd, d)
 	settlement := middleware.SettlementFor(err)
+	// Processing is over: the span and the duration do not include the
+	// requeue delay that may follow.
+	l.endProcess(ctx, span, began, err, settlement)
 	if settlement == middleware.Requeue {
 		c.waitBeforeRequeue(dd)
 	}
 	_, serr := middleware.Settle(d, err)
-	l.endProcess(ctx, span, began, err, settlement)
 	if serr != nil {
 		l.cfg.logger.Debug("listener: delivery not settled; its channel is gone and the broker requeues it", "queue", l.queue, "delivery_tag", d.DeliveryTag, "error", serr)
 		return

@@ -41,14 +41,20 @@ func newSpanAttrs(tel *telemetry.Telemetry, queue string) spanAttrs {
 	}
 }
 
-var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+var (
+	consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+	// newRoot: a span that Run's context may carry is not every delivery's
+	// parent; the producer's span is linked instead (or is the parent, with
+	// WithProducerAsParent).
+	newRoot = trace.WithNewRoot()
+)
 
 // spanBuffers are a consumer's scratch space for starting process spans,
 // reused so that an untraced delivery allocates little. Only the consumer's
 // current reader starts spans, one at a time; the SDK copies what it keeps.
 type spanBuffers struct {
 	attrs []attribute.KeyValue
-	opts  [3]trace.SpanStartOption
+	opts  [4]trace.SpanStartOption
 }
 
 // startProcess opens the delivery's CONSUMER span, with the attributes a
@@ -73,17 +79,23 @@ func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *span
 	}
 	buf.attrs = attrs
 	opts := append(buf.opts[:0], consumerKind, trace.WithAttributes(attrs...))
+	root := true
 	if len(d.Headers) == 0 {
 		// nothing to extract
 	} else if producer := trace.SpanContextFromContext(tel.Propagators.Extract(context.Background(), telemetry.TableCarrier(d.Headers))); producer.IsValid() {
 		if l.cfg.producerParent {
-			ctx = trace.ContextWithRemoteSpanContext(ctx, producer)
+			ctx, root = trace.ContextWithRemoteSpanContext(ctx, producer), false
 		} else {
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
 		}
 	}
+	if root {
+		opts = append(opts, newRoot)
+	}
 	sctx, span := tel.Tracer.Start(ctx, l.spanName, opts...)
-	tel.Observe(ctx, span)
+	if root {
+		tel.ObserveRoot(span)
+	}
 	return sctx, span
 }
 

@@ -309,3 +309,79 @@ func TestFirstAttemptSuccessHasNoAttemptSpan(t *testing.T) {
 		t.Errorf("attempts{succeeded} = %d: the metric counts every attempt, span or not", got)
 	}
 }
+
+// A span in Run's context is not every delivery's parent: each process span
+// is a root, linked to its producer.
+func TestProcessSpansAreRoots(t *testing.T) {
+	o := observe(t)
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	brokertest.Publish(t, q, amqp.Publishing{}, amqp.Publishing{})
+	runCtx, runSpan := o.tp.Tracer("app").Start(context.Background(), "main")
+	defer runSpan.End()
+	l, err := listener.New(q, nil, func(context.Context, *amqp.Delivery) error { return nil },
+		append(o.options(), listener.WithURL(brokertest.URL()), logTo(t, false))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(runCtx)
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	brokertest.Eventually(t, 5*time.Second, "handled", func() bool { return l.Stats().Handled == 2 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	processes := o.named("process " + q)
+	if len(processes) != 2 || processes[0].Parent().IsValid() || processes[0].SpanContext().TraceID() == processes[1].SpanContext().TraceID() {
+		t.Fatalf("process spans must be roots of traces of their own, not children of Run's span")
+	}
+}
+
+// A Retry given only a meter of its own still traces with the listener's
+// tracer (and its metrics go to its own meter).
+func TestRetryMixesItsProviderWithTheListeners(t *testing.T) {
+	o := observe(t)
+	own := sdkmetric.NewManualReader()
+	ownMP := sdkmetric.NewMeterProvider(sdkmetric.WithReader(own))
+	defer ownMP.Shutdown(context.Background())
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	brokertest.Publish(t, q, amqp.Publishing{})
+	var calls atomic.Int64
+	r := start(t, q, middleware.Retry(3, middleware.WithInitialInterval(10*time.Millisecond), middleware.WithMeterProvider(ownMP)),
+		func(context.Context, *amqp.Delivery) error {
+			if calls.Add(1) < 3 {
+				return errors.New("flaky")
+			}
+			return nil
+		}, o.options()...)
+	brokertest.Eventually(t, 5*time.Second, "handled", func() bool { return r.Stats().Handled == 1 })
+	r.Stop(t)
+	if n := len(o.named("attempt")); n != 3 {
+		t.Errorf("%d attempt spans, want 3 from the listener's tracer", n)
+	}
+	if got := (&observed{reader: own}).sum(t, "amqpretry.attempts"); got != 3 {
+		t.Errorf("attempts on Retry's own meter = %d, want 3", got)
+	}
+	if got := o.sum(t, "amqpretry.attempts"); got != 0 {
+		t.Errorf("attempts on the listener's meter = %d, want 0: Retry has its own", got)
+	}
+}
+
+// The process span ends when processing does, not after the requeue delay.
+func TestProcessSpanExcludesTheRequeueDelay(t *testing.T) {
+	o := observe(t)
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	brokertest.Publish(t, q, amqp.Publishing{})
+	r := start(t, q, nil, func(context.Context, *amqp.Delivery) error { return errors.New("always") },
+		append(o.options(), listener.WithRequeueDelay(600*time.Millisecond, 600*time.Millisecond))...)
+	brokertest.Eventually(t, 5*time.Second, "a requeue after the delay", func() bool { return r.Stats().Requeued >= 2 })
+	r.Stop(t)
+	for _, p := range o.named("process " + q) {
+		if d := p.EndTime().Sub(p.StartTime()); d > 300*time.Millisecond {
+			t.Errorf("a process span lasted %v: it includes the 600ms requeue delay", d)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -202,7 +203,35 @@ type retryPolicy struct {
 	onRetry     func(context.Context, RetryEvent)
 	clock       clock
 	telemetry   telemetry.Config
-	tel         *telemetry.Telemetry // nil: the listener's, else the globals
+	tel         *telemetry.Telemetry // built from its own providers; nil: none given
+	mixed       atomic.Pointer[mixedTelemetry]
+}
+
+// mixedTelemetry is Retry's own provider combined with the other one of the
+// telemetry around it (base), cached for that base.
+type mixedTelemetry struct {
+	base, tel *telemetry.Telemetry
+}
+
+// telemetryFor is what Retry records with: its own providers where it has
+// them, the listener's (or the globals') for the rest.
+func (p *retryPolicy) telemetryFor(ctx context.Context) *telemetry.Telemetry {
+	base := telemetry.From(ctx)
+	switch {
+	case p.tel == nil:
+		return base
+	case p.telemetry.TracerProvider != nil && p.telemetry.MeterProvider != nil:
+		return p.tel
+	}
+	if m := p.mixed.Load(); m != nil && m.base == base {
+		return m.tel
+	}
+	mixed := telemetry.Mix(base, p.tel) // its own meter, the other's tracer
+	if p.telemetry.TracerProvider != nil {
+		mixed = telemetry.Mix(p.tel, base)
+	}
+	p.mixed.Store(&mixedTelemetry{base: base, tel: mixed})
+	return mixed
 }
 
 func (p *retryPolicy) validate() error {
@@ -229,10 +258,7 @@ func (p *retryPolicy) run(ctx context.Context, d *amqp.Delivery, next Handler) e
 			return p.runProbe(ctx, pr, d, next)
 		}
 	}
-	tel := p.tel
-	if tel == nil {
-		tel = telemetry.From(ctx) // the listener's, else the globals'
-	}
+	tel := p.telemetryFor(ctx)
 	ex := &execution{policy: p, tel: tel, attrs: tel.ForQueue(Queue(ctx))}
 	if p.maxElapsed > 0 {
 		ex.start = p.clock.Now()
@@ -388,7 +414,7 @@ func (c *attemptContext) Value(key any) any {
 	case key == attemptKey:
 		return c
 	case key == telemetry.ContextKey() && c.exec.policy.tel != nil:
-		return c.exec.policy.tel // Retry's own providers reach the middlewares below it
+		return c.exec.tel // Retry's own providers reach the middlewares below it
 	}
 	return c.Context.Value(key)
 }

@@ -75,12 +75,12 @@ func TestBlackHole(t *testing.T) {
 	holed := time.Now()
 	proxy.Blackhole(true)
 	brokertest.Eventually(t, 15*time.Second, "both to notice the silence", func() bool {
-		_, l := book.first("listener: connection problem")
-		_, p := book.first("publisher: connection lost")
+		_, l := book.first("listener: connection problem", holed)
+		_, p := book.first("publisher: connection lost", holed)
 		return l && p
 	})
-	lAt, _ := book.first("listener: connection problem")
-	pAt, _ := book.first("publisher: connection lost")
+	lAt, _ := book.first("listener: connection problem", holed)
+	pAt, _ := book.first("publisher: connection lost", holed)
 	t.Logf("noticed after %v (listener) and %v (publisher), heartbeat %v", lAt.Sub(holed), pAt.Sub(holed), heartbeat)
 	for who, at := range map[string]time.Time{"listener": lAt, "publisher": pAt} {
 		if took := at.Sub(holed); took > 2*heartbeat+time.Second {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -53,11 +54,15 @@ func TestProcessDeath(t *testing.T) {
 				t.Fatal(err)
 			}
 			waiting := make(chan struct{})
+			var mu sync.Mutex
 			var lines []string
+			output := func() string { mu.Lock(); defer mu.Unlock(); return strings.Join(lines, "\n") }
 			go func() {
 				s := bufio.NewScanner(out)
 				for s.Scan() {
+					mu.Lock()
 					lines = append(lines, s.Text())
+					mu.Unlock()
 					if strings.Contains(s.Text(), "waiting an hour for attempt 2") {
 						close(waiting)
 					}
@@ -68,7 +73,7 @@ func TestProcessDeath(t *testing.T) {
 			case <-time.After(20 * time.Second):
 				_ = cmd.Process.Kill()
 				_ = cmd.Wait()
-				t.Fatalf("the child never reached its backoff:\n%s", strings.Join(lines, "\n"))
+				t.Fatalf("the child never reached its backoff:\n%s", output())
 			}
 			if brokertest.Depth(t, q) != 0 {
 				t.Fatal("the message should be with the child, unacked")
@@ -77,10 +82,18 @@ func TestProcessDeath(t *testing.T) {
 			if err := cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
-			err = cmd.Wait()
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			select {
+			case err = <-exited:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				<-exited
+				t.Fatalf("the child did not exit within 30s of %s:\n%s", sig, output())
+			}
 			t.Logf("%s: the child exited after %v (%v)", sig, time.Since(begin), err)
 			if sig == syscall.SIGTERM && err != nil {
-				t.Errorf("a SIGTERM should end in a graceful shutdown, exit 0: %v\n%s", err, strings.Join(lines, "\n"))
+				t.Errorf("a SIGTERM should end in a graceful shutdown, exit 0: %v\n%s", err, output())
 			}
 			brokertest.Eventually(t, 10*time.Second, "the message back on its queue", func() bool { return brokertest.Depth(t, q) == 1 })
 			if n := brokertest.Depth(t, dlq); n != 0 {

@@ -77,8 +77,8 @@ func TestPasswordsNeverLeak(t *testing.T) {
 	proxy.Refuse(true)
 	proxy.CutAll()
 	brokertest.Eventually(t, 10*time.Second, "redial failures logged", func() bool {
-		_, lRedial := book.first("listener: connection problem")
-		_, pRedial := book.first("publisher: redial failed")
+		_, lRedial := book.first("listener: connection problem", time.Time{})
+		_, pRedial := book.first("publisher: redial failed", time.Time{})
 		return lRedial && pRedial
 	})
 	err = pub.Publish(ctxTimeout(t, 500*time.Millisecond), "", q, amqp.Publishing{})

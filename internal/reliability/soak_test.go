@@ -130,6 +130,10 @@ func TestSoakZeroLoss(t *testing.T) {
 	}, listener.WithURL(brokertest.URL()), listener.WithLogger(quiet))
 
 	begin := time.Now()
+	accepted := make([]int, len(proxies)) // connections so far: the faults must force new ones
+	for i, p := range proxies {
+		accepted[i] = p.Accepted()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for _, l := range []*listener.Listener{work, dlqReader} {
@@ -141,7 +145,15 @@ func TestSoakZeroLoss(t *testing.T) {
 			}
 		}()
 	}
-	defer func() { cancel(); wg.Wait() }()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			wg.Wait()
+		}
+	}
+	defer stop()
 
 	// The source publishes every id until the broker confirms it: a publish
 	// that fails with the connection is sent again (a duplicate, at worst).
@@ -176,7 +188,9 @@ func TestSoakZeroLoss(t *testing.T) {
 	for tick := time.NewTicker(2 * time.Second); !done(); {
 		if time.Now().After(deadline) {
 			mu.Lock()
-			t.Fatalf("not done after %v: %d handled, %d dead of %d (%d confirmed)", time.Since(begin), len(handled), len(dead), messages, confirmed.Load())
+			nh, nd := len(handled), len(dead)
+			mu.Unlock() // Fatalf runs the deferred stop, which waits for handlers that take mu
+			t.Fatalf("not done after %v: %d handled, %d dead of %d (%d confirmed)", time.Since(begin), nh, nd, messages, confirmed.Load())
 		}
 		<-tick.C
 		for _, p := range proxies {
@@ -190,6 +204,23 @@ func TestSoakZeroLoss(t *testing.T) {
 		}
 	}
 	took := time.Since(begin)
+	// Let stragglers (a redelivery, a late dead letter) arrive before judging,
+	// then stop everything: the maps no longer change.
+	time.Sleep(2 * time.Second)
+	stop()
+	if restarts != 1 {
+		t.Errorf("the broker was restarted %d times, want once", restarts)
+	}
+	for i, p := range proxies {
+		if p.Accepted() <= accepted[i] {
+			t.Errorf("proxy %d saw no new connection: the cuts were not felt", i)
+		}
+	}
+	for _, q := range []string{topo.Queue, topo.DLQ()} {
+		if n := brokertest.Depth(t, q); n != 0 {
+			t.Errorf("%s still holds %d messages", q, n)
+		}
+	}
 
 	mu.Lock()
 	defer mu.Unlock()

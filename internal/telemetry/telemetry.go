@@ -122,12 +122,8 @@ func (t *Telemetry) TracingRoot(now int64) bool {
 // message.
 func Mono() int64 { return int64(time.Since(epoch)) }
 
-// Observe notes what the tracer returned for a root span (one started in a
-// context without a span), for Tracing.
-func (t *Telemetry) Observe(parent context.Context, span trace.Span) {
-	if trace.SpanContextFromContext(parent).IsValid() {
-		return // a child says nothing about the tracer
-	}
+// ObserveRoot notes what the tracer returned for a root span, for Tracing.
+func (t *Telemetry) ObserveRoot(span trace.Span) {
 	if span.SpanContext().IsValid() {
 		t.noopUntil.Store(0)
 	} else {
@@ -270,4 +266,25 @@ func (q *QueueAttrs) Outcome(name string) *Attrs {
 		return q.Recovered
 	}
 	return q.Exhausted
+}
+
+// Mix is the telemetry that traces like tracing (tracer, propagators) and
+// measures like metrics (every instrument): for a Retry given one provider of
+// its own, which takes the other from the listener around it.
+func Mix(tracing, metrics *Telemetry) *Telemetry {
+	return &Telemetry{
+		Tracer:            tracing.Tracer,
+		Propagators:       tracing.Propagators,
+		ProcessDuration:   metrics.ProcessDuration,
+		Consumed:          metrics.Consumed,
+		Sent:              metrics.Sent,
+		OperationDuration: metrics.OperationDuration,
+		Attempts:          metrics.Attempts,
+		Retries:           metrics.Retries,
+		Recoveries:        metrics.Recoveries,
+		ActiveConsumers:   metrics.ActiveConsumers,
+		Parked:            metrics.Parked,
+		sets:              map[setKey]*Attrs{},
+		queues:            map[string]*QueueAttrs{},
+	}
 }

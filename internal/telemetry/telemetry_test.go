@@ -73,7 +73,7 @@ func TestTracingNoticesANoopTracer(t *testing.T) {
 		t.Fatal("before any span, tracing must be tried")
 	}
 	_, span := noop.Tracer.Start(ctx, "root")
-	noop.Observe(ctx, span)
+	noop.ObserveRoot(span)
 	if noop.Tracing(ctx) {
 		t.Error("after a no-op root span, root spans should be skipped for a while")
 	}
@@ -81,7 +81,7 @@ func TestTracingNoticesANoopTracer(t *testing.T) {
 	defer tp.Shutdown(ctx)
 	sdk := telemetry.New(telemetry.Config{TracerProvider: tp})
 	_, span = sdk.Tracer.Start(ctx, "root")
-	sdk.Observe(ctx, span)
+	sdk.ObserveRoot(span)
 	if !sdk.Tracing(ctx) {
 		t.Error("an SDK that samples nothing still traces: its spans have valid contexts")
 	}
