@@ -48,7 +48,7 @@ type Death struct {
 }
 
 // Deaths reads the x-death header. Entries or fields of the wrong type are
-// skipped, counts are clamped to [0, 2^30]; a malformed header gives fewer
+// skipped, counts outside [0, 2^30] read as absent (0); a malformed header gives fewer
 // entries, never a panic.
 func Deaths(d *amqp.Delivery) []Death {
 	if d == nil {

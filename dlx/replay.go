@@ -50,7 +50,9 @@ func ReplayToOriginalExchange() ReplayOption { return func(c *replayConfig) { c.
 
 // ReplayHeaderPrefix names the prefix the recoverer wrote its fault headers
 // with, when it was not recoverer.DefaultHeaderPrefix (WithHeaderPrefix).
-func ReplayHeaderPrefix(prefix string) ReplayOption { return func(c *replayConfig) { c.prefix = prefix } }
+func ReplayHeaderPrefix(prefix string) ReplayOption {
+	return func(c *replayConfig) { c.prefix = prefix }
+}
 
 // ReplayProgress calls f after each message.
 func ReplayProgress(f func(ReplayStats)) ReplayOption {
@@ -70,6 +72,8 @@ func ReplayProgress(f func(ReplayStats)) ReplayOption {
 // ReplayMatch, stays on the DLQ. Replay looks at each message that was on the
 // DLQ when it started once, and returns when it has seen them all, when the
 // limit is reached, or when ctx ends; ch is used for basic.get and acks.
+// Skipped messages are handed back at the end: on a quorum DLQ with a
+// delivery limit that counts as a delivery (dlx.Topology's DLQ has none).
 func Replay(ctx context.Context, ch *amqp.Channel, pub *publisher.Publisher, dlq string, opts ...ReplayOption) (ReplayStats, error) {
 	cfg := replayConfig{prefix: recoverer.DefaultHeaderPrefix}
 	for _, opt := range opts {

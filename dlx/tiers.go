@@ -58,7 +58,8 @@ type tierConfig struct {
 // Default: one per tier. Past the last tier, retries reuse the last delay.
 func MaxRetries(n int) TierOption { return func(c *tierConfig) { c.max = n } }
 
-// WithRepublishOptions passes options (stack trace, headroom, prefix) to the
+// WithRepublishOptions passes options (stack trace, headroom, extra headers,
+// prefix — give Replay the same one with ReplayHeaderPrefix) to the
 // recoverer.Republish that writes the fault headers.
 func WithRepublishOptions(opts ...recoverer.Option) TierOption {
 	return func(c *tierConfig) { c.opts = append(c.opts, opts...) }

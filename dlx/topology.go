@@ -41,7 +41,8 @@ type Topology struct {
 	// Queue is the work queue. Required.
 	Queue string
 	// Type is the type of every queue declared: Classic (the default) or
-	// Quorum. Retry and dead-letter queues take the work queue's type.
+	// Quorum. Retry and dead-letter queues take this type too: set Quorum for a
+	// quorum work queue, even one declared elsewhere (SkipWorkQueue).
 	Type QueueType
 	// QueueArguments are added to the work queue's arguments (x-max-length, ...).
 	QueueArguments amqp.Table

@@ -59,8 +59,9 @@
 // amqpretry.consumers.active and amqpretry.deliveries.parked. The providers
 // (WithTracerProvider, WithMeterProvider, WithPropagators, defaulting to the
 // globals) reach the Retry and Recover of the chain, which add attempt spans
-// and their own metrics. With no SDK installed, process spans are not even
-// built; an SDK set later is picked up within a second.
+// and their own metrics. Process spans are roots, whatever span Run's
+// context carries. With no SDK installed they are not even built (except
+// with WithProducerAsParent); an SDK set later is picked up within a second.
 //
 // # Shutdown
 //

@@ -97,8 +97,8 @@ const (
 	outcomeRecoveryFailed = "failed"
 )
 
-// recorded counts a recovery and notes it on the current span (the attempt's
-// when Recover sits inside Retry).
+// recorded counts a recovery and notes it on the current span: an attempt's
+// from the second attempt on, else the delivery's process span.
 func recorded(ctx context.Context, outcome string, err error) {
 	tel := telemetry.From(ctx)
 	tel.Recoveries.Add(ctx, 1, tel.Attrs("messaging.destination.name", Queue(ctx), AttrOutcome, outcome).Add...)

@@ -80,15 +80,17 @@ func HandOffAfter(threshold time.Duration) RetryOption {
 	return func(p *retryPolicy) { p.handOff = threshold; p.handOffSet = true }
 }
 
-// WithTracerProvider sets where Retry's attempt spans go. Default: the
-// listener's provider when Retry runs in a listener, else the global one.
+// WithTracerProvider sets where Retry's attempt spans go. Without it, the
+// tracer provider comes from the listener Retry runs in (whatever Retry's
+// meter provider is), else from the global one.
 func WithTracerProvider(tp trace.TracerProvider) RetryOption {
 	return func(p *retryPolicy) { p.telemetry.TracerProvider = tp }
 }
 
 // WithMeterProvider sets where Retry's metrics (amqpretry.attempts,
-// amqpretry.retries, amqpretry.deliveries.parked) go. Default: the listener's
-// provider when Retry runs in a listener, else the global one.
+// amqpretry.retries, amqpretry.deliveries.parked) go. Without it, the meter
+// provider comes from the listener Retry runs in (whatever Retry's tracer
+// provider is), else from the global one.
 func WithMeterProvider(mp metric.MeterProvider) RetryOption {
 	return func(p *retryPolicy) { p.telemetry.MeterProvider = mp }
 }

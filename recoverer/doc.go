@@ -1,11 +1,15 @@
 // Package recoverer decides where a message goes when its handler has failed
-// for good: Republish(pub, "orders.dlx", "") copies it to a dead-letter
+// for good: Republish(pub, "orders.dlx", "orders") copies it to a dead-letter
 // exchange with headers saying why, waits for the broker's confirm, and only
 // then lets the listener ack the original.
 //
 // Use a recoverer with middleware.Recover:
 //
-//	middleware.Chain(middleware.Retry(5), middleware.Recover(recoverer.Republish(pub, "orders.dlx", "")))
+//	middleware.Chain(middleware.Retry(5), middleware.Recover(recoverer.Republish(pub, "orders.dlx", "orders")))
+//
+// A routing key of "" keeps the message's own: right for a fanout DLX, or one
+// bound with the keys producers use; a dlx.Topology's DLX is bound with the
+// queue's name (DLQRoutingKey).
 //
 // A recoverer that returns nil promises the message is safe elsewhere; one
 // that returns an error leaves it on its queue (the listener requeues it), so
@@ -13,7 +17,7 @@
 // Reject hands the message to the queue's own dead-letter exchange instead,
 // Requeue keeps it on its queue, and Fallback tries several in order:
 //
-//	recoverer.Fallback(recoverer.Republish(pub, "orders.dlx", ""), recoverer.Reject())
+//	recoverer.Fallback(recoverer.Republish(pub, "orders.dlx", "orders"), recoverer.Reject())
 //
 // # Fault headers
 //
@@ -24,8 +28,8 @@
 //
 //	x-exception-message     the handler's error message
 //	x-exception-stacktrace  a panic's stack, or else the chain of wrapped errors
-//	x-original-exchange     the exchange the message was published to
-//	x-original-routingKey   its routing key
+//	x-original-exchange     the exchange the message was first published to
+//	x-original-routingKey   its routing key (both kept across retry hops)
 //
 // and, under DefaultHeaderPrefix (x-amqpretry-, WithHeaderPrefix changes it):
 //

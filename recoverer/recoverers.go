@@ -38,7 +38,7 @@ func Requeue() middleware.Recoverer {
 // their errors joined. It stops when the context ends. It panics if given no
 // recoverer or a nil one.
 //
-//	recoverer.Fallback(recoverer.Republish(pub, "orders.dlx", ""), recoverer.Reject())
+//	recoverer.Fallback(recoverer.Republish(pub, "orders.dlx", "orders"), recoverer.Reject())
 func Fallback(rs ...middleware.Recoverer) middleware.Recoverer {
 	if len(rs) == 0 {
 		panic("recoverer: Fallback expects at least one Recoverer")
