@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"log"
 	"os"
@@ -52,7 +51,7 @@ func run(ctx context.Context, out io.Writer, url string, delays []time.Duration)
 	if err := reset(url, topo); err != nil {
 		return err
 	}
-	tl.Say("declared %s, its tiers %s and %s", topo.Queue, tierNames(topo), topo.DLQ())
+	tl.Say("declared %s, its tiers %s and %s", topo.Queue, strings.Join(tierQueues(topo), ", "), topo.DLQ())
 	pub, err := publisher.New(url)
 	if err != nil {
 		return err
@@ -102,30 +101,24 @@ func run(ctx context.Context, out io.Writer, url string, delays []time.Duration)
 	}
 }
 
-func tierNames(t dlx.Topology) string {
+func tierQueues(t dlx.Topology) []string {
 	var names []string
 	for _, d := range t.RetryDelays {
 		names = append(names, t.RetryQueue(d))
 	}
-	return strings.Join(names, ", ")
+	return names
 }
 
 // reset deletes what an earlier run left (the example owns these names) and
 // declares the topology.
 func reset(url string, t dlx.Topology) error {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return fmt.Errorf("connect (is the broker up? run scripts/broker.sh): %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
+	conn, ch, err := exampleutil.Connect(url)
 	if err != nil {
 		return err
 	}
-	for _, q := range append([]string{t.Queue, t.DLQ()}, strings.Split(tierNames(t), ", ")...) {
-		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-			return err
-		}
+	defer conn.Close()
+	if err := exampleutil.DeleteQueues(ch, append([]string{t.Queue, t.DLQ()}, tierQueues(t)...)...); err != nil {
+		return err
 	}
 	return t.Declare(ch) // now, so the first publish finds the queue
 }

@@ -39,19 +39,13 @@ const orders = 5
 func run(ctx context.Context, out io.Writer, url string) error {
 	tl := exampleutil.NewTimeline(out)
 	topo := dlx.Topology{Queue: "amqpretry.replay"}
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return fmt.Errorf("connect (is the broker up? run scripts/broker.sh): %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
+	conn, ch, err := exampleutil.Connect(url)
 	if err != nil {
 		return err
 	}
-	for _, q := range []string{topo.Queue, topo.DLQ()} {
-		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-			return err
-		}
+	defer conn.Close()
+	if err := exampleutil.DeleteQueues(ch, topo.Queue, topo.DLQ()); err != nil {
+		return err
 	}
 	if err := topo.Declare(ch); err != nil {
 		return err

@@ -37,16 +37,12 @@ func main() {
 
 func run(ctx context.Context, out io.Writer, url string, messages int, work time.Duration) error {
 	tl := exampleutil.NewTimeline(out)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return fmt.Errorf("connect (is the broker up? run scripts/broker.sh): %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
+	conn, ch, err := exampleutil.Connect(url)
 	if err != nil {
 		return err
 	}
-	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
+	defer conn.Close()
+	if err := exampleutil.DeleteQueues(ch, queue); err != nil {
 		return err
 	}
 	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {

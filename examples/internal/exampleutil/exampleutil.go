@@ -1,5 +1,6 @@
 // Package exampleutil holds what the examples share: the broker URL, a
-// timeline printer and running listeners until done.
+// connection for setting up, a timeline printer and running listeners until
+// done.
 package exampleutil
 
 import (
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/amqpretry/amqpretry/listener"
 )
 
@@ -20,6 +23,32 @@ func URL() string {
 		return u
 	}
 	return "amqp://guest:guest@127.0.0.1:5672/"
+}
+
+// Connect dials url and opens a channel for an example's setup; closing the
+// connection closes the channel too.
+func Connect(url string) (*amqp.Connection, *amqp.Channel, error) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect (is the broker up? run scripts/broker.sh): %w", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	return conn, ch, nil
+}
+
+// DeleteQueues deletes what an earlier run of an example (or an older version
+// of it) left behind: the examples own their queue names.
+func DeleteQueues(ch *amqp.Channel, names ...string) error {
+	for _, q := range names {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			return fmt.Errorf("delete queue %s: %w", q, err)
+		}
+	}
+	return nil
 }
 
 // Timeline prints lines stamped with the time since it was made.
