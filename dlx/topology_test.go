@@ -3,6 +3,7 @@ package dlx_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -352,4 +353,68 @@ func TestReplayWithACustomPrefix(t *testing.T) {
 			t.Errorf("header %s survived the replay", k)
 		}
 	}
+}
+
+// MaxRetries above the number of tiers sends the later retries through the
+// last tier again; the DLQ copy carries the final count.
+func TestMaxRetriesReusesTheLastTier(t *testing.T) {
+	topo := topology(t, dlx.Topology{RetryDelays: []time.Duration{200 * time.Millisecond, 500 * time.Millisecond}})
+	declare(t, topo)
+	arrivals := listen(t, topo, middleware.Recover(topo.Tiers(newPublisher(t), dlx.MaxRetries(3))), errors.New("down"))
+	brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: "m"})
+	brokertest.Eventually(t, 10*time.Second, "the message on the DLQ", func() bool { return brokertest.Depth(t, topo.DLQ()) == 1 })
+	got := arrivals()
+	if len(got) != 4 {
+		t.Fatalf("%d arrivals (%+v), want 4: the first and 3 broker retries", len(got), got)
+	}
+	for i, want := range []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, 500 * time.Millisecond} {
+		gap := got[i+1].at.Sub(got[i].at)
+		if gap < want-50*time.Millisecond || gap > want+400*time.Millisecond {
+			t.Errorf("retry %d came back after %v, want about %v", i+1, gap, want)
+		}
+		if got[i+1].retryCount != i+1 {
+			t.Errorf("retry %d has retry-count %d", i+1, got[i+1].retryCount)
+		}
+	}
+	d, _ := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), topo.DLQ())
+	if d.Headers[dlx.RetryCountHeader] != int64(3) {
+		t.Errorf("DLQ copy has %s = %v, want 3", dlx.RetryCountHeader, d.Headers[dlx.RetryCountHeader])
+	}
+}
+
+func TestTierNextDelay(t *testing.T) {
+	topo := dlx.Topology{Queue: "orders", RetryDelays: []time.Duration{time.Second, time.Minute}}
+	pub := newPublisher(t)
+	tests := []struct {
+		name       string
+		opts       []dlx.TierOption
+		retryCount int64
+		want       time.Duration // 0: the DLQ
+	}{
+		{"fresh message: first tier", nil, 0, time.Second},
+		{"second retry: second tier", nil, 1, time.Minute},
+		{"default limit is one retry per tier", nil, 2, 0},
+		{"past the tiers: the last one again", []dlx.TierOption{dlx.MaxRetries(4)}, 3, time.Minute},
+		{"at the limit: the DLQ", []dlx.TierOption{dlx.MaxRetries(4)}, 4, 0},
+		{"MaxRetries(0): the DLQ at once", []dlx.TierOption{dlx.MaxRetries(0)}, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &amqp.Delivery{Headers: amqp.Table{dlx.RetryCountHeader: tt.retryCount}}
+			if got := topo.Tiers(pub, tt.opts...).NextDelay(d); got != tt.want {
+				t.Errorf("NextDelay with retry-count %d = %v, want %v", tt.retryCount, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestMaxRetriesRejectsANegativeCount(t *testing.T) {
+	topo := dlx.Topology{Queue: "orders", RetryDelays: []time.Duration{time.Second}}
+	pub := newPublisher(t)
+	defer func() {
+		if r := recover(); !strings.Contains(fmt.Sprint(r), "MaxRetries expects n >= 0, got -1") {
+			t.Errorf("Tiers with MaxRetries(-1) panicked with %v, want the option's name and value", r)
+		}
+	}()
+	topo.Tiers(pub, dlx.MaxRetries(-1))
 }

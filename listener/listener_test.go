@@ -234,6 +234,8 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"custom consumer timeout", "q", middleware.Retry(5), h, []listener.Option{listener.WithConsumerTimeout(10 * time.Second)}, "retry tiers (package dlx)"},
 		{"nil logger", "q", nil, h, []listener.Option{listener.WithLogger(nil)}, "WithLogger expects a non-nil logger"},
 		{"requeue delay", "q", nil, h, []listener.Option{listener.WithRequeueDelay(time.Second, time.Millisecond)}, "WithRequeueDelay expects 0 <= initial <= max, got 1s, 1ms"},
+		{"scale interval", "q", nil, h, []listener.Option{listener.WithScaleInterval(5 * time.Millisecond)}, "WithScaleInterval expects at least 10ms, got 5ms"},
+		{"idle timeout", "q", nil, h, []listener.Option{listener.WithIdleTimeout(0)}, "WithIdleTimeout expects a duration > 0, got 0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

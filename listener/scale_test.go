@@ -88,3 +88,24 @@ func TestNeverAboveMaxNorBelowMin(t *testing.T) {
 		t.Errorf("%d consumers when idle, want the minimum 2", n)
 	}
 }
+
+// The listener looks at its load every WithScaleInterval; the first look only
+// takes a baseline, so a backlog grows the consumers at the second look, two
+// intervals after the start.
+func TestScaleInterval(t *testing.T) {
+	t.Parallel()
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	publishN(t, q, 2000)
+	begin := time.Now()
+	r := start(t, q, nil, func(context.Context, *amqp.Delivery) error {
+		time.Sleep(20 * time.Millisecond)
+		return nil
+	}, listener.WithConcurrentConsumers(1), listener.WithMaxConcurrentConsumers(4), listener.WithScaleInterval(time.Second))
+	brokertest.Eventually(t, 10*time.Second, "more than 1 consumer", func() bool { return r.Stats().Consumers > 1 })
+	grew := time.Since(begin)
+	t.Logf("first growth after %v", grew)
+	if grew < 1900*time.Millisecond {
+		t.Errorf("the consumers grew after %v, before the second look at 2s", grew)
+	}
+}

@@ -338,34 +338,47 @@ func TestProcessSpansAreRoots(t *testing.T) {
 	}
 }
 
-// A Retry given only a meter of its own still traces with the listener's
-// tracer (and its metrics go to its own meter).
+// A Retry given only one provider of its own takes the other from the
+// listener: its own meter with the listener's tracer, or its own tracer with
+// the listener's meter.
 func TestRetryMixesItsProviderWithTheListeners(t *testing.T) {
-	o := observe(t)
-	own := sdkmetric.NewManualReader()
-	ownMP := sdkmetric.NewMeterProvider(sdkmetric.WithReader(own))
-	defer ownMP.Shutdown(context.Background())
-	q := brokertest.Name(t, "q")
-	brokertest.Queue(t, q, nil)
-	brokertest.Publish(t, q, amqp.Publishing{})
-	var calls atomic.Int64
-	r := start(t, q, middleware.Retry(3, middleware.WithInitialInterval(10*time.Millisecond), middleware.WithMeterProvider(ownMP)),
-		func(context.Context, *amqp.Delivery) error {
-			if calls.Add(1) < 3 {
-				return errors.New("flaky")
+	for _, own := range []string{"meter", "tracer"} {
+		t.Run("own "+own, func(t *testing.T) {
+			o, mine := observe(t), observe(t)
+			opt := middleware.WithMeterProvider(mine.mp)
+			if own == "tracer" {
+				opt = middleware.WithTracerProvider(mine.tp)
 			}
-			return nil
-		}, o.options()...)
-	brokertest.Eventually(t, 5*time.Second, "handled", func() bool { return r.Stats().Handled == 1 })
-	r.Stop(t)
-	if n := len(o.named("attempt")); n != 3 {
-		t.Errorf("%d attempt spans, want 3 from the listener's tracer", n)
-	}
-	if got := (&observed{reader: own}).sum(t, "amqpretry.attempts"); got != 3 {
-		t.Errorf("attempts on Retry's own meter = %d, want 3", got)
-	}
-	if got := o.sum(t, "amqpretry.attempts"); got != 0 {
-		t.Errorf("attempts on the listener's meter = %d, want 0: Retry has its own", got)
+			q := brokertest.Name(t, "q")
+			brokertest.Queue(t, q, nil)
+			brokertest.Publish(t, q, amqp.Publishing{})
+			var calls atomic.Int64
+			r := start(t, q, middleware.Retry(3, middleware.WithInitialInterval(10*time.Millisecond), opt),
+				func(context.Context, *amqp.Delivery) error {
+					if calls.Add(1) < 3 {
+						return errors.New("flaky")
+					}
+					return nil
+				}, o.options()...)
+			brokertest.Eventually(t, 5*time.Second, "handled", func() bool { return r.Stats().Handled == 1 })
+			r.Stop(t)
+			spans, attempts := o, mine // where the attempt spans and metrics belong
+			if own == "tracer" {
+				spans, attempts = mine, o
+			}
+			if n := len(spans.named("attempt")); n != 3 {
+				t.Errorf("%d attempt spans on the expected tracer, want 3", n)
+			}
+			if n := len(o.named("attempt")) + len(mine.named("attempt")); n != 3 {
+				t.Errorf("%d attempt spans in all, want 3", n)
+			}
+			if got := attempts.sum(t, "amqpretry.attempts"); got != 3 {
+				t.Errorf("attempts on the expected meter = %d, want 3", got)
+			}
+			if got := o.sum(t, "amqpretry.attempts") + mine.sum(t, "amqpretry.attempts"); got != 3 {
+				t.Errorf("attempts in all = %d, want 3: each is recorded once", got)
+			}
+		})
 	}
 }
 
