@@ -12,7 +12,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -99,14 +98,9 @@ func TestShutdownNeverRecovers(t *testing.T) {
 
 func TestCancelDuringDial(t *testing.T) {
 	brokertest.Dial(t)
-	proxy, err := faultproxy.Start("127.0.0.1:5672")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	proxy, url := brokertest.Proxy(t)
 	proxy.Blackhole(true) // connects, never answers the handshake
 	defer proxy.Blackhole(false)
-	url, _ := proxy.URL(brokertest.URL())
 	l, err := listener.New("q", nil, func(context.Context, *amqp.Delivery) error { return nil }, listener.WithURL(url), logTo(t, false))
 	if err != nil {
 		t.Fatal(err)

@@ -253,7 +253,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 func TestAccessRefusedIsFatal(t *testing.T) {
 	brokertest.Dial(t)
 	l, err := listener.New("q", nil, func(context.Context, *amqp.Delivery) error { return nil },
-		listener.WithURL("amqp://guest:wrong-hunter2@127.0.0.1:5672/"), logTo(t, false))
+		listener.WithURL(brokertest.WithCredentials("guest", "wrong-hunter2")), logTo(t, false))
 	if err != nil {
 		t.Fatal(err)
 	}

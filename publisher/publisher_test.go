@@ -13,7 +13,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/publisher"
 )
 
@@ -170,12 +169,7 @@ func TestConcurrentOutcomesAreNotMixedUp(t *testing.T) {
 }
 
 func TestPublishWaitsForTheBrokerUntilTheDeadline(t *testing.T) {
-	proxy, err := faultproxy.Start("127.0.0.1:5672")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	url, _ := proxy.URL(brokertest.URL())
+	proxy, url := brokertest.Proxy(t)
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
 	p := newPublisher(t, url)
@@ -183,7 +177,7 @@ func TestPublishWaitsForTheBrokerUntilTheDeadline(t *testing.T) {
 	proxy.Refuse(true)
 	proxy.CutAll()
 	start := time.Now()
-	err = p.Publish(ctxTimeout(t, time.Second), "", q, amqp.Publishing{Body: []byte("during the outage")})
+	err := p.Publish(ctxTimeout(t, time.Second), "", q, amqp.Publishing{Body: []byte("during the outage")})
 	if !errors.Is(err, publisher.ErrNotConfirmed) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want ErrNotConfirmed after the deadline", err)
 	}
@@ -233,7 +227,7 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"heartbeat", brokertest.URL(), []publisher.Option{publisher.WithHeartbeat(time.Millisecond)}, "WithHeartbeat expects at least 1s, got 1ms"},
 		{"logger", brokertest.URL(), []publisher.Option{publisher.WithLogger(nil)}, "WithLogger expects a non-nil logger"},
 		{"unreachable", "amqp://u:hunter2@127.0.0.1:1/", nil, "cannot connect to amqp://u:xxxxx@127.0.0.1:1/"},
-		{"access refused", "amqp://guest:wrong-hunter2@127.0.0.1:5672/", nil, "cannot connect"},
+		{"access refused", brokertest.WithCredentials("guest", "wrong-hunter2"), nil, "cannot connect"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -14,7 +14,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/publisher"
 )
 
@@ -122,12 +121,7 @@ func TestOthersChannelExceptionsDoNotFailGoodMessages(t *testing.T) {
 // one return at their deadline; the stuck one returns once the watchdog
 // closes the connection after two heartbeats; Close does not hang.
 func TestStuckWritesAreBounded(t *testing.T) {
-	proxy, err := faultproxy.Start("127.0.0.1:5672")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	url, _ := proxy.URL(brokertest.URL())
+	proxy, url := brokertest.Proxy(t)
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
 	p := newPublisher(t, url, publisher.WithChannels(1), publisher.WithHeartbeat(time.Second), publisher.WithCloseTimeout(time.Second))

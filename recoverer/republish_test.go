@@ -14,7 +14,6 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/amqptable"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
@@ -158,12 +157,7 @@ func TestRepublishRoutingKey(t *testing.T) {
 
 // No path acks an original whose copy was not confirmed.
 func TestFailedRepublishKeepsTheOriginal(t *testing.T) {
-	proxy, err := faultproxy.Start("127.0.0.1:5672")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	viaProxy, _ := proxy.URL(brokertest.URL())
+	proxy, viaProxy := brokertest.Proxy(t)
 
 	tests := []struct {
 		name     string

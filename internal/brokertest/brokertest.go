@@ -4,9 +4,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
+	"github.com/amqpretry/amqpretry/internal/faultproxy"
 )
 
 // RequireEnv is the variable that turns a missing broker into a failure.
@@ -25,6 +29,42 @@ func URL() string {
 		return u
 	}
 	return amqpurl.Default
+}
+
+// Addr is the host:port of the broker at URL(), where a fault proxy forwards.
+func Addr() string {
+	uri, err := amqp.ParseURI(URL())
+	if err != nil {
+		panic(fmt.Sprintf("brokertest: $AMQP_URL %s: %v", amqpurl.Redact(URL()), err))
+	}
+	return net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
+}
+
+// WithCredentials is URL() with another user name and password.
+func WithCredentials(user, password string) string {
+	u, err := url.Parse(URL())
+	if err != nil {
+		panic(fmt.Sprintf("brokertest: $AMQP_URL %s: %v", amqpurl.Redact(URL()), err))
+	}
+	u.User = url.UserPassword(user, password)
+	return u.String()
+}
+
+// Proxy starts a fault proxy in front of the broker under test, closed when
+// the test ends, and returns it with the URL that reaches the broker through
+// it.
+func Proxy(t testing.TB) (*faultproxy.Proxy, string) {
+	t.Helper()
+	p, err := faultproxy.Start(Addr())
+	if err != nil {
+		t.Fatalf("start fault proxy: %v", err)
+	}
+	t.Cleanup(p.Close)
+	u, err := p.URL(URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, u
 }
 
 // Required reports whether tests must fail rather than skip without a broker.
@@ -194,14 +234,35 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 	}
 }
 
-// Rabbitmqctl runs rabbitmqctl on the local node and returns its output.
+// CtlEnv names the variable that says how to reach the node behind $AMQP_URL
+// with rabbitmqctl: a command and its first arguments, split on spaces, such
+// as "rabbitmqctl -n rabbit4@localhost" or "scripts/rabbit4.sh ctl". Default
+// "rabbitmqctl", the local node.
+const CtlEnv = "AMQPRETRY_RABBITMQCTL"
+
+// Ctl runs rabbitmqctl -q with args on the node under test ($AMQPRETRY_RABBITMQCTL)
+// and returns its output. It needs no test, for cleanups that must not fail one.
+func Ctl(args ...string) (string, error) {
+	cmd := strings.Fields(os.Getenv(CtlEnv))
+	if len(cmd) == 0 {
+		cmd = []string{"rabbitmqctl"}
+	}
+	cmd = append(append(cmd, "-q"), args...)
+	out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s: %w\n%s", strings.Join(cmd, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// Rabbitmqctl is Ctl that fails the test when the command does.
 func Rabbitmqctl(t testing.TB, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
+	out, err := Ctl(args...)
 	if err != nil {
-		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		t.Fatal(err)
 	}
-	return string(out)
+	return out
 }
 
 // Consumers returns how many consumers the broker counts on a queue.
@@ -222,7 +283,7 @@ func CloseConnections(t testing.TB, name string) int {
 		if !ok || !strings.Contains(props, `{"connection_name","`) || !strings.Contains(props, name) {
 			continue
 		}
-		if _, err := exec.Command("rabbitmqctl", "-q", "close_connection", pid, "closed by a test").CombinedOutput(); err == nil {
+		if _, err := Ctl("close_connection", pid, "closed by a test"); err == nil {
 			closed++
 		}
 	}

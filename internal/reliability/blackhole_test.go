@@ -11,7 +11,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
@@ -23,12 +22,7 @@ import (
 // heartbeat intervals, redial once the path heals, and lose nothing.
 func TestBlackHole(t *testing.T) {
 	brokertest.Dial(t)
-	proxy, err := faultproxy.Start("127.0.0.1:5672")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	url, _ := proxy.URL(brokertest.URL())
+	proxy, url := brokertest.Proxy(t)
 	const heartbeat = 2 * time.Second
 	q, dlq := brokertest.Name(t, "q"), brokertest.Name(t, "dlq")
 	brokertest.Queue(t, q, nil)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
@@ -26,7 +24,7 @@ func secretUser(t *testing.T) (user, password string) {
 	brokertest.Dial(t)
 	user, password = brokertest.Name(t, "user"), "Pw-3f9a1c-do-not-log"
 	brokertest.Rabbitmqctl(t, "add_user", user, password)
-	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "-q", "delete_user", user).Run() })
+	t.Cleanup(func() { _, _ = brokertest.Ctl("delete_user", user) })
 	brokertest.Rabbitmqctl(t, "set_permissions", user, ".*", ".*", ".*")
 	return user, password
 }
@@ -35,13 +33,9 @@ func secretUser(t *testing.T) (user, password string) {
 // password, whatever fails: the login, the network, the redial.
 func TestPasswordsNeverLeak(t *testing.T) {
 	user, password := secretUser(t)
-	proxy, err := faultproxy.Start("127.0.0.1:5672")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	good := fmt.Sprintf("amqp://%s:%s@%s/", user, password, proxy.Addr())
-	wrong := fmt.Sprintf("amqp://%s:%s-wrong@127.0.0.1:5672/", user, password)
+	proxy, _ := brokertest.Proxy(t)
+	good, _ := proxy.URL(brokertest.WithCredentials(user, password))
+	wrong := brokertest.WithCredentials(user, password+"-wrong")
 	q, dlq := brokertest.Name(t, "q"), brokertest.Name(t, "dlq")
 	brokertest.Queue(t, q, nil)
 	brokertest.Queue(t, dlq, nil)
@@ -54,7 +48,7 @@ func TestPasswordsNeverLeak(t *testing.T) {
 	}
 
 	// A refused login, from New and from Run.
-	_, err = publisher.New(wrong, publisher.WithLogger(book.logger()))
+	_, err := publisher.New(wrong, publisher.WithLogger(book.logger()))
 	check("publisher.New error", fmt.Sprint(err))
 	l, _ := listener.New(q, nil, func(context.Context, *amqp.Delivery) error { return nil },
 		listener.WithURL(wrong), listener.WithLogger(book.logger()))

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"os"
-	"os/exec"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -73,13 +72,8 @@ func TestSoakZeroLoss(t *testing.T) {
 	// source's, the listener's, and the dead-letter publisher's.
 	var proxies []*faultproxy.Proxy
 	via := func() string {
-		p, err := faultproxy.Start("127.0.0.1:5672")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
+		p, url := brokertest.Proxy(t)
 		proxies = append(proxies, p)
-		url, _ := p.URL(brokertest.URL())
 		return url
 	}
 	quiet := newLogBook().logger()
@@ -254,14 +248,14 @@ func restartBrokerApp(t *testing.T) {
 	start := func() {
 		if !started {
 			started = true
-			if out, err := exec.Command("rabbitmqctl", "-q", "start_app").CombinedOutput(); err != nil {
-				t.Errorf("start_app: %v\n%s", err, out)
+			if _, err := brokertest.Ctl("start_app"); err != nil {
+				t.Error(err)
 			}
 		}
 	}
 	t.Cleanup(start) // restored even if the test fails
-	if out, err := exec.Command("rabbitmqctl", "-q", "stop_app").CombinedOutput(); err != nil {
-		t.Fatalf("stop_app: %v\n%s", err, out)
+	if _, err := brokertest.Ctl("stop_app"); err != nil {
+		t.Fatal(err)
 	}
 	time.Sleep(3 * time.Second)
 	start()

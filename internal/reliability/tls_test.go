@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"math/big"
 	"net"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -81,13 +82,18 @@ func (ca *testCA) serverCert(t *testing.T, hosts ...string) tls.Certificate {
 func tlsBroker(t *testing.T, cert tls.Certificate, host string) string {
 	t.Helper()
 	brokertest.Dial(t)
-	p, err := faultproxy.StartTLS("127.0.0.1:5672", &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	p, err := faultproxy.StartTLS(brokertest.Addr(), &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
 	_, port, _ := net.SplitHostPort(p.Addr())
-	return "amqps://guest:guest@" + net.JoinHostPort(host, port) + "/"
+	u, err := url.Parse(brokertest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Scheme, u.Host = "amqps", net.JoinHostPort(host, port)
+	return u.String()
 }
 
 func TestAMQPSWithTheRightCA(t *testing.T) {

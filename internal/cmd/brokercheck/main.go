@@ -4,6 +4,7 @@
 //
 //	brokercheck [-timeout 3s] [-quiet]   dial and log in
 //	brokercheck -loopback                exit 0 if the URL's host is this machine
+//	brokercheck -describe                print which broker answers: "RabbitMQ 4.0.5 at amqp://..."
 package main
 
 import (
@@ -21,6 +22,7 @@ func main() {
 	timeout := flag.Duration("timeout", 3*time.Second, "how long to wait for the connection")
 	quiet := flag.Bool("quiet", false, "print nothing when the broker does not answer")
 	loopback := flag.Bool("loopback", false, "only report whether the URL's host is this machine")
+	describe := flag.Bool("describe", false, "print the broker's product and version and its URL, password hidden")
 	flag.Parse()
 
 	url := os.Getenv("AMQP_URL")
@@ -45,5 +47,8 @@ func main() {
 		}
 		os.Exit(1)
 	}
-	_ = conn.Close()
+	defer conn.Close()
+	if *describe {
+		fmt.Printf("%v %v at %s\n", conn.Properties["product"], conn.Properties["version"], amqpurl.Redact(url))
+	}
 }

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# A RabbitMQ 4.0 broker beside the system's 3.10, for testing on the version
+# users run. Debian bookworm ships only 3.10.8, so this installs Debian trixie's
+# rabbitmq-server (4.0.5, Erlang 27) into a root of its own with debootstrap and
+# runs it there under its own node name, ports and epmd:
+#
+#   node rabbit4@localhost   AMQP 127.0.0.1:5673   distribution 25673   epmd 24369
+#
+#   scripts/rabbit4.sh [up]      make sure it answers: install, mount, start (idempotent)
+#   scripts/rabbit4.sh down      stop it and unmount what up mounted
+#   scripts/rabbit4.sh ctl ARGS  rabbitmqctl on that node (what tests call through
+#                                $AMQPRETRY_RABBITMQCTL)
+#   scripts/rabbit4.sh status    say whether it answers; exit 1 if not
+#   scripts/rabbit4.sh url       print its AMQP URL
+#
+# The root lives in $RABBIT4_ROOT (default /var/lib/amqpretry/rabbitmq4-trixie),
+# outside the checkout, so every clone on the machine shares one install (about
+# a minute and 370 MB the first time). Installing needs root and Debian's mirror.
+# Debian's /usr/sbin wrappers switch to the rabbitmq user through su and drop the
+# environment, so this runs the real scripts in /usr/lib/rabbitmq/bin as that
+# user, and the settings live in the root's rabbitmq-env.conf, which both the
+# server and rabbitmqctl read.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+R="${RABBIT4_ROOT:-/var/lib/amqpretry/rabbitmq4-trixie}"
+port=5673
+url="amqp://guest:guest@127.0.0.1:$port/"
+wait_for="${BROKER_WAIT:-90}"
+check="$root/.bin/brokercheck"
+
+say() { echo "rabbit4.sh: $*" >&2; }
+
+# as_rabbitmq runs a command inside the root as its rabbitmq user.
+as_rabbitmq() {
+  local ids
+  ids=$(awk -F: '$1 == "rabbitmq" { print $3 ":" $4 }' "$R/etc/passwd")
+  chroot --userspec="$ids" "$R" /usr/bin/env -i HOME=/var/lib/rabbitmq PATH=/usr/bin:/bin LANG=C.UTF-8 "$@"
+}
+
+ctl() { as_rabbitmq /usr/lib/rabbitmq/bin/rabbitmqctl "$@"; }
+
+answers() { AMQP_URL="$url" "$check" -quiet -timeout "${1:-2s}"; }
+
+install_root() {
+  [[ -x $R/usr/lib/rabbitmq/bin/rabbitmq-server ]] && return 0
+  if [[ $(id -u) -ne 0 ]]; then
+    say "RabbitMQ 4 is not installed at $R and installing it needs root (debootstrap, chroot, mount)"
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  if ! command -v debootstrap >/dev/null; then
+    say "installing debootstrap"
+    { apt-get update -qq && apt-get install -y -qq debootstrap; } >&2
+  fi
+  say "installing Debian trixie's rabbitmq-server into $R (about a minute)"
+  rm -rf "$R.partial"
+  mkdir -p "$(dirname "$R")"
+  if ! debootstrap --variant=minbase --include=rabbitmq-server trixie "$R.partial" http://deb.debian.org/debian >"$R.log" 2>&1; then
+    tail -n 20 "$R.log" >&2
+    say "debootstrap failed; the whole log is $R.log"
+    exit 1
+  fi
+  # A root that is there is a root that is whole.
+  mv "$R.partial" "$R"
+}
+
+# sync_hosts gives the root this machine's /etc/hosts, with its host name. The
+# root's own knows only localhost: the node's lookups of the host name then go
+# to the name server, which does not answer here, and about one AMQP handshake
+# in sixty waited for the resolver's 5 s timeout (0 in 300 with the name in
+# /etc/hosts; 3.10, outside the root, never did).
+sync_hosts() {
+  local name
+  name=$(hostname)
+  { cat /etc/hosts; grep -qw -- "$name" /etc/hosts || printf '127.0.0.1\t%s\n' "$name"; } >"$R/etc/hosts.new"
+  cmp -s "$R/etc/hosts.new" "$R/etc/hosts" && rm "$R/etc/hosts.new" || mv "$R/etc/hosts.new" "$R/etc/hosts"
+}
+
+configure() {
+  sync_hosts
+  cat >"$R/etc/rabbitmq/rabbitmq-env.conf" <<EOF
+# Written by amqpretry's scripts/rabbit4.sh: a node beside the system's broker.
+NODENAME=rabbit4@localhost
+NODE_IP_ADDRESS=127.0.0.1
+NODE_PORT=$port
+DIST_PORT=25673
+ERL_EPMD_PORT=24369
+EOF
+  cat >"$R/etc/rabbitmq/rabbitmq.conf" <<EOF
+# Written by amqpretry's scripts/rabbit4.sh.
+listeners.tcp.default = 127.0.0.1:$port
+log.file.level = warning
+EOF
+}
+
+mount_all() {
+  mountpoint -q "$R/proc" || mount -t proc proc "$R/proc"
+  mountpoint -q "$R/dev" || mount --bind /dev "$R/dev"
+}
+
+unmount_all() {
+  for m in dev proc; do
+    mountpoint -q "$R/$m" && umount -l "$R/$m"
+  done
+  return 0
+}
+
+wait_until() {
+  local want=$1 deadline=$((SECONDS + wait_for))
+  while ((SECONDS < deadline)); do
+    if [[ $want == up ]]; then answers && return 0; else ! ctl -q ping >/dev/null 2>&1 && return 0; fi
+    sleep 1
+  done
+  return 1
+}
+
+up() {
+  (cd "$root" && go build -o "$check" ./internal/cmd/brokercheck)
+  if answers; then
+    sync_hosts # a machine handed on may have a new name
+    return 0
+  fi
+  install_root
+  configure
+  mount_all
+  local started=$SECONDS
+  if ctl -q ping >/dev/null 2>&1; then
+    say "the node runs but does not accept connections; starting its app"
+    ctl -q start_app >&2 || true
+  else
+    say "starting RabbitMQ 4 (rabbit4@localhost, port $port)"
+    # setsid: the node outlives this script and the make that ran it, like
+    # rabbitmq-server -detached does for the system broker.
+    as_rabbitmq /bin/sh -c 'mkdir -p /var/log/rabbitmq && exec setsid /usr/lib/rabbitmq/bin/rabbitmq-server >/var/log/rabbitmq/startup_log 2>&1 </dev/null &'
+  fi
+  if wait_until up; then
+    say "RabbitMQ 4 is up ($((SECONDS - started))s)"
+    return 0
+  fi
+  say "RabbitMQ 4 did not accept AMQP connections within ${wait_for}s; last lines of its log:"
+  tail -n 30 "$R/var/log/rabbitmq/startup_log" >&2 || true
+  exit 1
+}
+
+down() {
+  [[ -d $R ]] || return 0
+  if ctl -q ping >/dev/null 2>&1; then
+    ctl -q shutdown >&2 || true
+    wait_until down || say "the node did not stop within ${wait_for}s"
+  fi
+  # epmd on our port was started by the node and outlives it.
+  pkill -f "epmd.*-port 24369" 2>/dev/null || pkill -f "$R/usr/lib/erlang/erts-.*/bin/epmd" 2>/dev/null || true
+  unmount_all
+}
+
+case "${1:-up}" in
+up) up ;;
+down) down ;;
+ctl) shift; ctl "$@" ;;
+status)
+  (cd "$root" && go build -o "$check" ./internal/cmd/brokercheck)
+  if answers; then echo "RabbitMQ 4 answers at $url"; else echo "RabbitMQ 4 does not answer at $url"; exit 1; fi ;;
+url) echo "$url" ;;
+*) say "usage: $0 [up|down|ctl ARGS...|status|url]"; exit 2 ;;
+esac
