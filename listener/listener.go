@@ -9,9 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
@@ -80,8 +77,10 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	if cfg.max > MaxConsumers {
 		cfg.fail("WithMaxConcurrentConsumers expects at most %d (each consumer is a channel; RabbitMQ allows 2047 per connection), got %d", MaxConsumers, cfg.max)
 	}
-	if _, err := amqpurl.Parse(cfg.url); err != nil {
-		cfg.fail("WithURL: %v", err)
+	for _, url := range cfg.conn.URLs {
+		if _, err := amqpurl.Parse(url); err != nil {
+			cfg.fail("WithURL: %v", err)
+		}
 	}
 	if mw == nil {
 		mw = middleware.Chain()
@@ -100,7 +99,7 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	}
 	l := &Listener{
 		queue: queue, mw: mw, handler: h, cfg: cfg,
-		redacted:  amqpurl.Redact(cfg.url),
+		redacted:  cfg.conn.Redacted(),
 		consumers: map[*consumer]struct{}{},
 		tel:       telemetry.New(cfg.telemetry),
 		spanName:  "process " + queue,
@@ -176,12 +175,7 @@ type run struct {
 
 func (r *run) loop(ctx context.Context) error {
 	l := r.l
-	redial := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(100*time.Millisecond),
-		backoff.WithMaxInterval(10*time.Second),
-		backoff.WithRandomizationFactor(0.5),
-		backoff.WithMaxElapsedTime(0),
-	)
+	redial := amqpconn.NewRedialer()
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -197,14 +191,10 @@ func (r *run) loop(ctx context.Context) error {
 		case isFatal(err):
 			return err
 		}
-		delay := redial.NextBackOff()
+		delay := redial.Next()
 		l.cfg.logger.Warn("listener: connection problem; redialing", "queue", l.queue, "url", l.redacted, "error", err, "retry_in", delay)
-		timer := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		if amqpconn.Sleep(ctx, delay) != nil {
 			return nil
-		case <-timer.C:
 		}
 	}
 }
@@ -235,20 +225,12 @@ func (r *run) shutdown() {
 }
 
 func (l *Listener) dial(ctx context.Context) (*amqpconn.Conn, error) {
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(l.cfg.connectionName)
-	conn, err := amqpconn.DialContext(ctx, l.cfg.url, amqp.Config{
-		Heartbeat:       l.cfg.heartbeat, // amqp091 gives up after 1.5 silent intervals
-		TLSClientConfig: l.cfg.tls,
-		Locale:          "en_US",
-		Properties:      props,
-	}, l.cfg.dialTimeout)
+	conn, err := amqpconn.Dial(ctx, l.cfg.conn)
 	if err != nil {
-		var aerr *amqp.Error
-		if errors.As(err, &aerr) && aerr.Code == amqp.AccessRefused {
-			return nil, &fatalError{fmt.Errorf("listener: the broker at %s refused the login: %w", l.redacted, err)}
+		if url, refusal := amqpconn.LoginRefused(err); refusal != nil {
+			return nil, &fatalError{fmt.Errorf("listener: the broker at %s refused the login: %w", url, refusal)}
 		}
-		return nil, fmt.Errorf("listener: dial %s: %w", l.redacted, err)
+		return nil, fmt.Errorf("listener: dial %w", err) // err names each address
 	}
 	return conn, nil
 }

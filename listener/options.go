@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
@@ -33,11 +34,7 @@ const MaxConsumers = 1000
 const DefaultPrefetch = 250
 
 type config struct {
-	url             string
-	tls             *tls.Config
-	heartbeat       time.Duration
-	dialTimeout     time.Duration
-	connectionName  string
+	conn            amqpconn.Config
 	logger          *slog.Logger
 	min, max        int
 	maxSet          bool
@@ -58,10 +55,12 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		url:             "amqp://guest:guest@127.0.0.1:5672/",
-		heartbeat:       10 * time.Second,
-		dialTimeout:     10 * time.Second,
-		connectionName:  "amqpretry listener",
+		conn: amqpconn.Config{
+			URLs:        []string{"amqp://guest:guest@127.0.0.1:5672/"},
+			Heartbeat:   10 * time.Second,
+			DialTimeout: 10 * time.Second,
+			Name:        "amqpretry listener",
+		},
 		min:             1,
 		prefetch:        DefaultPrefetch,
 		shutdownTimeout: 10 * time.Second,
@@ -80,11 +79,11 @@ func (c *config) fail(format string, args ...any) {
 
 // WithURL sets the broker, amqp:// or amqps://. Default
 // amqp://guest:guest@127.0.0.1:5672/.
-func WithURL(url string) Option { return func(c *config) { c.url = url } }
+func WithURL(url string) Option { return func(c *config) { c.conn.URLs = []string{url} } }
 
 // WithTLS sets the TLS configuration for amqps://. Without it, amqps://
 // verifies the broker against the system's roots and the URL's host name.
-func WithTLS(t *tls.Config) Option { return func(c *config) { c.tls = t } }
+func WithTLS(t *tls.Config) Option { return func(c *config) { c.conn.TLS = t } }
 
 // WithHeartbeat sets the AMQP heartbeat: a broker that stops answering is
 // noticed within about two intervals, and the listener redials. Default 10s.
@@ -93,12 +92,12 @@ func WithHeartbeat(d time.Duration) Option {
 		if d < time.Second {
 			c.fail("WithHeartbeat expects at least 1s, got %v", d)
 		}
-		c.heartbeat = d
+		c.conn.Heartbeat = d
 	}
 }
 
 // WithConnectionName sets the name the broker shows for the connection.
-func WithConnectionName(name string) Option { return func(c *config) { c.connectionName = name } }
+func WithConnectionName(name string) Option { return func(c *config) { c.conn.Name = name } }
 
 // WithLogger sets where connection problems and scaling decisions (debug) go.
 // Default slog.Default(); URLs are logged with the password hidden.

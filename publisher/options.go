@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
@@ -13,13 +14,10 @@ import (
 type Option func(*config)
 
 type config struct {
-	tls            *tls.Config
 	confirmTimeout time.Duration
 	channels       int
 	logger         *slog.Logger
-	heartbeat      time.Duration
-	dialTimeout    time.Duration
-	name           string
+	conn           amqpconn.Config // New sets URLs
 	closeTimeout   time.Duration
 	telemetry      telemetry.Config
 	errs           []error
@@ -29,17 +27,19 @@ func defaultConfig() config {
 	return config{
 		confirmTimeout: 30 * time.Second,
 		channels:       4,
-		heartbeat:      10 * time.Second,
-		dialTimeout:    10 * time.Second,
-		name:           "amqpretry publisher",
-		closeTimeout:   5 * time.Second,
+		conn: amqpconn.Config{
+			Heartbeat:   10 * time.Second,
+			DialTimeout: 10 * time.Second,
+			Name:        "amqpretry publisher",
+		},
+		closeTimeout: 5 * time.Second,
 	}
 }
 
 // WithTLS sets the TLS configuration for amqps:// URLs. Without it amqps://
 // verifies the broker against the system's roots and the URL's host name.
 func WithTLS(c *tls.Config) Option {
-	return func(cfg *config) { cfg.tls = c }
+	return func(cfg *config) { cfg.conn.TLS = c }
 }
 
 // WithConfirmTimeout bounds the wait for a confirm once a message is sent; a
@@ -84,7 +84,7 @@ func WithHeartbeat(d time.Duration) Option {
 		if d < time.Second {
 			cfg.errs = append(cfg.errs, fmt.Errorf("publisher: WithHeartbeat expects at least 1s, got %v", d))
 		}
-		cfg.heartbeat = d
+		cfg.conn.Heartbeat = d
 	}
 }
 
@@ -92,7 +92,7 @@ func WithHeartbeat(d time.Duration) Option {
 // (rabbitmqctl list_connections client_properties). Default
 // "amqpretry publisher".
 func WithConnectionName(name string) Option {
-	return func(cfg *config) { cfg.name = name }
+	return func(cfg *config) { cfg.conn.Name = name }
 }
 
 // WithCloseTimeout bounds how long Close waits for publishes in flight to be

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
@@ -22,7 +21,6 @@ import (
 // Publisher publishes with mandatory set and returns after the broker's
 // confirm. It is safe for concurrent use. Close it when done.
 type Publisher struct {
-	url      string // holds the password: never log it, log redacted
 	redacted string
 	username string
 	cfg      config
@@ -38,7 +36,8 @@ type Publisher struct {
 	idle     chan struct{} // closed when active reaches 0 after closed
 	lastLoss error         // the latest connection problem, for error messages
 
-	closing   chan struct{} // closed when the connection must go
+	closing   context.Context    // done when the connection must go
+	cancel    context.CancelFunc // makes closing done
 	closeOnce sync.Once
 	wg        sync.WaitGroup // the connection goroutine
 }
@@ -70,25 +69,27 @@ func New(url string, opts ...Option) (*Publisher, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
+	cfg.conn.URLs = []string{url}
 	p := &Publisher{
-		url:      url,
-		redacted: amqpurl.Redact(url),
+		redacted: cfg.conn.Redacted(),
 		username: uri.Username,
 		cfg:      cfg,
 		idle:     make(chan struct{}),
-		closing:  make(chan struct{}),
 		tel:      telemetry.New(cfg.telemetry),
 	}
+	p.closing, p.cancel = context.WithCancel(context.Background())
 	p.lanes.Store(&laneSet{changed: make(chan struct{})})
 
 	conn, err := p.dial()
 	if err != nil {
-		return nil, fmt.Errorf("publisher: cannot connect to %s: %w", p.redacted, err)
+		p.cancel()
+		return nil, fmt.Errorf("publisher: cannot connect to %w", err) // err names each address
 	}
 	died := make(chan *lane, cfg.channels)
 	lanes, err := openLanes(conn.Connection, cfg.channels, died)
 	if err != nil {
 		conn.Abandon()
+		p.cancel()
 		return nil, fmt.Errorf("publisher: cannot open confirm channels on %s: %w", p.redacted, err)
 	}
 	p.wg.Add(1)
@@ -221,7 +222,7 @@ func (p *Publisher) pickLane(ctx context.Context, exchange, key string) (*lane, 
 			loss := p.lastLoss
 			p.mu.Unlock()
 			return nil, &notConfirmedError{exchange: exchange, key: key, cause: fmt.Errorf("not connected: %w", ctx.Err()), lastLoss: loss}
-		case <-p.closing:
+		case <-p.closing.Done():
 			return nil, ErrClosed
 		}
 	}
@@ -252,7 +253,7 @@ func (p *Publisher) Close() error {
 		case <-p.idle:
 		case <-timer.C:
 		}
-		close(p.closing)
+		p.cancel()
 	})
 	p.wg.Wait()
 	return nil
@@ -278,14 +279,7 @@ func (p *Publisher) leave() {
 }
 
 func (p *Publisher) dial() (*amqpconn.Conn, error) {
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(p.cfg.name)
-	conn, err := amqpconn.Dial(p.url, amqp.Config{
-		Heartbeat:       p.cfg.heartbeat, // amqp091 gives up after 1.5 silent intervals
-		TLSClientConfig: p.cfg.tls,
-		Locale:          "en_US",
-		Properties:      props,
-	}, p.cfg.dialTimeout)
+	conn, err := amqpconn.Dial(p.closing, p.cfg.conn)
 	if err != nil {
 		return nil, err
 	}
@@ -312,11 +306,7 @@ func openLanes(conn *amqp.Connection, n int, died chan<- *lane) ([]*lane, error)
 // redials with backoff, until Close.
 func (p *Publisher) run(conn *amqpconn.Conn, lanes []*lane, died chan *lane) {
 	defer p.wg.Done()
-	redial := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(100*time.Millisecond),
-		backoff.WithMaxInterval(5*time.Second),
-		backoff.WithMaxElapsedTime(0),
-	)
+	redial := amqpconn.NewRedialer()
 	for {
 		loss := p.serve(conn, lanes, died)
 		if loss == nil {
@@ -331,15 +321,11 @@ func (p *Publisher) run(conn *amqpconn.Conn, lanes []*lane, died chan *lane) {
 	}
 }
 
-func (p *Publisher) redial(bo *backoff.ExponentialBackOff) (*amqpconn.Conn, []*lane, chan *lane) {
-	bo.Reset()
+func (p *Publisher) redial(redial *amqpconn.Redialer) (*amqpconn.Conn, []*lane, chan *lane) {
+	redial.Reset()
 	for {
-		timer := time.NewTimer(bo.NextBackOff())
-		select {
-		case <-p.closing:
-			timer.Stop()
+		if amqpconn.Sleep(p.closing, redial.Next()) != nil {
 			return nil, nil, nil
-		case <-timer.C:
 		}
 		conn, err := p.dial()
 		if err == nil {
@@ -350,6 +336,9 @@ func (p *Publisher) redial(bo *backoff.ExponentialBackOff) (*amqpconn.Conn, []*l
 			}
 			conn.Abandon()
 			err = lerr
+		}
+		if p.closing.Err() != nil {
+			return nil, nil, nil // Close cut the dial short: no failure to report
 		}
 		p.noteLoss(err)
 		p.cfg.logger.Warn("publisher: redial failed", "url", p.redacted, "error", err)
@@ -389,7 +378,7 @@ func (p *Publisher) serve(conn *amqpconn.Conn, lanes []*lane, died chan *lane) e
 	var retry <-chan time.Time
 	for {
 		select {
-		case <-p.closing:
+		case <-p.closing.Done():
 			_ = conn.CloseDeadline(time.Now().Add(2 * time.Second))
 			return nil
 		case err := <-connClosed:
@@ -406,7 +395,7 @@ func (p *Publisher) serve(conn *amqpconn.Conn, lanes []*lane, died chan *lane) e
 			// connection is dead in all but name: close it, which frees the
 			// writer, and redial.
 			for _, l := range lanes {
-				if stall := l.stalledFor(now); stall > 2*p.cfg.heartbeat && !blocked {
+				if stall := l.stalledFor(now); stall > 2*p.cfg.conn.Heartbeat && !blocked {
 					p.cfg.logger.Warn("publisher: a write has been stuck; closing the connection", "url", p.redacted, "stuck_for", stall)
 					return fmt.Errorf("a write was stuck for %v", stall)
 				}

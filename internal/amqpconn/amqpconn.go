@@ -2,30 +2,142 @@ package amqpconn
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/amqpurl"
 )
+
+// Config is how to reach the broker. Dial neither changes it nor keeps it, so
+// one Config may serve many dials at once.
+type Config struct {
+	// URLs are the broker's addresses, amqp:// or amqps://, tried in order.
+	URLs []string
+	// TLS is for amqps://; nil verifies the broker against the system's
+	// roots and the URL's host name.
+	TLS *tls.Config
+	// Heartbeat: amqp091 gives up on a connection after 1.5 silent
+	// intervals. Zero is amqp091's default, 10s.
+	Heartbeat time.Duration
+	// DialTimeout bounds the TCP connect and the TLS and AMQP handshakes of
+	// each address. Zero is amqp091's default, 30s.
+	DialTimeout time.Duration
+	// Name is the connection name the broker shows; "" sends none.
+	Name string
+}
+
+// Redacted is the addresses with their passwords hidden, for logs and errors.
+func (c Config) Redacted() string {
+	redacted := make([]string, len(c.URLs))
+	for i, url := range c.URLs {
+		redacted[i] = amqpurl.Redact(url)
+	}
+	return strings.Join(redacted, ", ")
+}
 
 // Conn is an AMQP connection and its socket.
 type Conn struct {
 	*amqp.Connection
+	RedactedURL string // the address Dial reached, password hidden: for logs
 
 	mu  sync.Mutex
 	raw net.Conn
 }
 
-// Dial connects like amqp.DialConfig, with dialTimeout for the TCP connect
-// and the handshake; config.Dial is replaced.
-func Dial(url string, config amqp.Config, dialTimeout time.Duration) (*Conn, error) {
-	return DialContext(context.Background(), url, config, dialTimeout)
+// Dial connects to the first of cfg.URLs that answers. It gives up on an
+// address after cfg.DialTimeout and on all of them as soon as ctx ends,
+// handshakes included. Its error is a *DialError.
+func Dial(ctx context.Context, cfg Config) (*Conn, error) {
+	if len(cfg.URLs) == 0 {
+		return nil, &DialError{URLs: []string{"(no URL)"}, Errs: []error{errors.New("amqpconn: Config.URLs is empty")}}
+	}
+	timeout := cfg.DialTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	failed := &DialError{}
+	for _, url := range cfg.URLs {
+		redacted := amqpurl.Redact(url)
+		// amqp091's own parse errors may quote the password.
+		_, err := amqpurl.Parse(url)
+		if err == nil {
+			var conn *Conn
+			if conn, err = dial(ctx, url, cfg.amqpConfig(), timeout); err == nil {
+				conn.RedactedURL = redacted
+				return conn, nil
+			}
+		}
+		failed.URLs = append(failed.URLs, redacted)
+		failed.Errs = append(failed.Errs, err)
+		if ctx.Err() != nil {
+			break // the other addresses would fail the same way
+		}
+	}
+	return nil, failed
 }
 
-// DialContext is Dial that gives up as soon as ctx ends, handshake included.
-func DialContext(ctx context.Context, url string, config amqp.Config, dialTimeout time.Duration) (*Conn, error) {
+// amqpConfig is fresh for each dial: amqp091 writes into the properties
+// table and, for amqps://, into the TLS config (ServerName), which would
+// race, and pin one host's name, on a config shared by connections to
+// different hosts.
+func (c Config) amqpConfig() amqp.Config {
+	props := amqp.NewConnectionProperties()
+	if c.Name != "" {
+		props.SetClientConnectionName(c.Name)
+	}
+	return amqp.Config{
+		Heartbeat:       c.Heartbeat,
+		TLSClientConfig: c.TLS.Clone(),
+		Locale:          "en_US",
+		Properties:      props,
+	}
+}
+
+// DialError is why Dial reached none of its addresses: Errs[i] is why
+// URLs[i] failed, in the order tried. Its text names each address with the
+// password hidden: "amqp://u:xxxxx@a:5672/: dial tcp ...; amqp://...".
+type DialError struct {
+	URLs []string // redacted
+	Errs []error
+}
+
+func (e *DialError) Error() string {
+	parts := make([]string, len(e.Errs))
+	for i, err := range e.Errs {
+		parts[i] = e.URLs[i] + ": " + err.Error()
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (e *DialError) Unwrap() []error { return e.Errs }
+
+// LoginRefused returns the address whose broker refused the login in an
+// error from Dial, and the broker's answer; refusal is nil if none did.
+// Redialing with the same credentials cannot fix a refused login.
+func LoginRefused(err error) (url string, refusal *amqp.Error) {
+	var failed *DialError
+	if !errors.As(err, &failed) {
+		return "", nil
+	}
+	for i, cause := range failed.Errs {
+		if errors.As(cause, &refusal) && refusal.Code == amqp.AccessRefused {
+			return failed.URLs[i], refusal
+		}
+	}
+	return "", nil
+}
+
+// dial connects like amqp.DialConfig, with dialTimeout for the TCP connect
+// and the handshakes, and gives up as soon as ctx ends; config.Dial is
+// replaced.
+func dial(ctx context.Context, url string, config amqp.Config, dialTimeout time.Duration) (*Conn, error) {
 	c := &Conn{}
 	config.Dial = func(network, addr string) (net.Conn, error) {
 		d := net.Dialer{Timeout: dialTimeout}

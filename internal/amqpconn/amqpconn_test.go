@@ -2,7 +2,13 @@ package amqpconn_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"net"
+	"net/http/httptest"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,23 +16,181 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
+	"github.com/amqpretry/amqpretry/internal/amqpurl"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/faultproxy"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// A publish stuck in a socket write, then a heartbeat timeout: without
-// Abandon, amqp091's shutdown and the write wait for each other forever.
-func TestAbandonFreesAStuckWrite(t *testing.T) {
+// brokerAddr is the host:port of the broker under test, where proxies forward.
+func brokerAddr(t *testing.T) string {
+	t.Helper()
+	u, err := url.Parse(brokertest.URL())
+	if err != nil {
+		t.Fatalf("$AMQP_URL %s: %v", amqpurl.Redact(brokertest.URL()), err)
+	}
+	if u.Port() != "" {
+		return u.Host
+	}
+	if u.Scheme == "amqps" {
+		return net.JoinHostPort(u.Hostname(), "5671")
+	}
+	return net.JoinHostPort(u.Hostname(), "5672")
+}
+
+// withHost is rawURL, credentials and vhost kept, at another host:port.
+func withHost(t *testing.T, rawURL, hostPort string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = hostPort
+	return u.String()
+}
+
+// deadURL is the broker's URL at a loopback port nobody listens on.
+func deadURL(t *testing.T, from string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return withHost(t, from, addr)
+}
+
+func startProxy(t *testing.T) (*faultproxy.Proxy, string) {
+	t.Helper()
 	brokertest.Dial(t)
-	proxy, err := faultproxy.Start("127.0.0.1:5672")
+	proxy, err := faultproxy.Start(brokerAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	return proxy, withHost(t, brokertest.URL(), proxy.Addr())
+}
+
+func TestDialTriesTheURLsInOrder(t *testing.T) {
+	brokertest.Dial(t)
+	live := brokertest.URL()
+	dead := deadURL(t, live)
+	tests := []struct {
+		name string
+		urls []string
+		want string // reached
+	}{
+		{"one", []string{live}, live},
+		{"the first is dead", []string{dead, live}, live},
+		{"the first answers", []string{live, dead}, live},
+		{"two dead, then one", []string{dead, deadURL(t, live), live}, live},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, err := amqpconn.Dial(context.Background(), amqpconn.Config{URLs: tt.urls, DialTimeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if conn.RedactedURL != amqpurl.Redact(tt.want) {
+				t.Errorf("RedactedURL = %q, want %q", conn.RedactedURL, amqpurl.Redact(tt.want))
+			}
+		})
+	}
+}
+
+func TestDialNamesEveryFailedURLButNoPassword(t *testing.T) {
+	const password = "hunter2-do-not-log"
+	base := "amqp://someone:" + password + "@127.0.0.1/"
+	urls := []string{deadURL(t, base), deadURL(t, base), "amqp://someone:" + password + "@127.0.0.1:notaport/"}
+	_, err := amqpconn.Dial(context.Background(), amqpconn.Config{URLs: urls, DialTimeout: 5 * time.Second})
+	var failed *amqpconn.DialError
+	if !errors.As(err, &failed) || len(failed.Errs) != len(urls) {
+		t.Fatalf("Dial = %v, want a *DialError with %d causes", err, len(urls))
+	}
+	for _, u := range urls {
+		if !strings.Contains(err.Error(), amqpurl.Redact(u)+": ") {
+			t.Errorf("the error does not name %s: %v", amqpurl.Redact(u), err)
+		}
+	}
+	if strings.Contains(err.Error(), password) {
+		t.Errorf("the error leaks the password: %v", err)
+	}
+	if _, refusal := amqpconn.LoginRefused(err); refusal != nil {
+		t.Errorf("LoginRefused = %v, want nil: nobody answered", refusal)
+	}
+	if _, err := amqpconn.Dial(context.Background(), amqpconn.Config{}); !errors.As(err, &failed) {
+		t.Errorf("Dial without URLs = %v, want a *DialError", err)
+	}
+}
+
+func TestLoginRefusedNamesTheURL(t *testing.T) {
+	brokertest.Dial(t)
+	wrong := brokertest.WithCredentials("guest", "wrong-hunter2")
+	_, err := amqpconn.Dial(context.Background(), amqpconn.Config{URLs: []string{deadURL(t, wrong), wrong}, DialTimeout: 5 * time.Second})
+	url, refusal := amqpconn.LoginRefused(err)
+	if refusal == nil || refusal.Code != amqp.AccessRefused || url != amqpurl.Redact(wrong) {
+		t.Fatalf("LoginRefused(%v) = %q, %v; want the second URL, refused", err, url, refusal)
+	}
+}
+
+// What the Config says reaches amqp091 (its Config holds what was negotiated).
+func TestDialSettings(t *testing.T) {
+	brokertest.Dial(t)
+	conn, err := amqpconn.Dial(context.Background(), amqpconn.Config{
+		URLs: []string{brokertest.URL()}, Heartbeat: 3 * time.Second, DialTimeout: 5 * time.Second, Name: "amqpconn test",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if got := conn.Config.Heartbeat; got != 3*time.Second {
+		t.Errorf("heartbeat = %v, want 3s", got)
+	}
+	if got := conn.Config.Locale; got != "en_US" {
+		t.Errorf("locale = %q, want en_US", got)
+	}
+	if got := conn.Config.Properties["connection_name"]; got != "amqpconn test" {
+		t.Errorf("connection_name = %v, want %q", got, "amqpconn test")
+	}
+}
+
+// amqp091 writes the URL's host into the TLS config it is given: a config
+// shared by connections to different hosts would be raced on and pinned to
+// the first host's name. Dial hands it a copy.
+func TestDialLeavesTheCallersTLSConfigAlone(t *testing.T) {
+	brokertest.Dial(t)
+	// httptest's certificate is valid for 127.0.0.1: borrow it.
+	https := httptest.NewUnstartedServer(nil)
+	https.StartTLS()
+	cert, pool := https.TLS.Certificates[0], x509.NewCertPool()
+	pool.AddCert(https.Certificate())
+	https.Close()
+	proxy, err := faultproxy.StartTLS(brokerAddr(t), &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	url, _ := proxy.URL(brokertest.URL())
-	conn, err := amqpconn.Dial(url, amqp.Config{Heartbeat: time.Second}, 5*time.Second)
+	u, _ := url.Parse(withHost(t, brokertest.URL(), proxy.Addr()))
+	u.Scheme = "amqps"
+	shared := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	conn, err := amqpconn.Dial(context.Background(), amqpconn.Config{URLs: []string{u.String()}, TLS: shared, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close()
+	if shared.ServerName != "" {
+		t.Errorf("after a dial the caller's TLS config has ServerName %q, want it untouched", shared.ServerName)
+	}
+}
+
+// A publish stuck in a socket write, then a heartbeat timeout: without
+// Abandon, amqp091's shutdown and the write wait for each other forever.
+func TestAbandonFreesAStuckWrite(t *testing.T) {
+	proxy, url := startProxy(t)
+	conn, err := amqpconn.Dial(context.Background(), amqpconn.Config{URLs: []string{url}, Heartbeat: time.Second, DialTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,21 +223,61 @@ func TestAbandonFreesAStuckWrite(t *testing.T) {
 	}
 }
 
-func TestDialContextGivesUpWhenCancelled(t *testing.T) {
-	brokertest.Dial(t)
-	proxy, err := faultproxy.Start("127.0.0.1:5672")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+// A context that ends mid-handshake ends Dial at once, and the addresses
+// after the one being dialed are not tried.
+func TestDialGivesUpWhenCancelled(t *testing.T) {
+	proxy, url := startProxy(t)
 	proxy.Blackhole(true) // TCP connects, the handshake never answers
 	defer proxy.Blackhole(false)
-	url, _ := proxy.URL(brokertest.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	begin := time.Now()
-	_, err = amqpconn.DialContext(ctx, url, amqp.Config{}, 10*time.Second)
-	if !errors.Is(err, context.DeadlineExceeded) || time.Since(begin) > 2*time.Second {
-		t.Fatalf("DialContext = %v after %v, want the context's error at once", err, time.Since(begin))
+	conn, err := amqpconn.Dial(ctx, amqpconn.Config{URLs: []string{url, brokertest.URL()}, DialTimeout: 10 * time.Second})
+	if conn != nil {
+		_ = conn.Close()
+		t.Fatal("Dial went on to the next address after its context ended")
+	}
+	var failed *amqpconn.DialError
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &failed) || len(failed.Errs) != 1 || time.Since(begin) > 2*time.Second {
+		t.Fatalf("Dial = %v after %v, want the context's error at once, for the first address only", err, time.Since(begin))
+	}
+}
+
+func TestRedialerBounds(t *testing.T) {
+	ms := time.Millisecond
+	tests := []struct {
+		pause    int // 1 = the first after Reset
+		min, max time.Duration
+	}{
+		{1, 50 * ms, 150 * ms}, // 100ms ±50%
+		{2, 100 * ms, 300 * ms},
+		{3, 200 * ms, 600 * ms},
+		{8, 5 * time.Second, 15 * time.Second}, // 12.8s capped at 10s, ±50%
+		{200, 5 * time.Second, 15 * time.Second},
+	}
+	for _, tt := range tests {
+		r := amqpconn.NewRedialer()
+		for range 200 { // the pauses are random: look at many
+			var d time.Duration
+			for range tt.pause {
+				d = r.Next()
+			}
+			if d < tt.min || d > tt.max {
+				t.Fatalf("pause %d = %v, want %v to %v", tt.pause, d, tt.min, tt.max)
+			}
+			r.Reset()
+		}
+	}
+}
+
+func TestSleepEndsWithTheContext(t *testing.T) {
+	if err := amqpconn.Sleep(context.Background(), time.Millisecond); err != nil {
+		t.Errorf("Sleep = %v, want nil", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(10*time.Millisecond, cancel)
+	begin := time.Now()
+	if err := amqpconn.Sleep(ctx, time.Hour); !errors.Is(err, context.Canceled) || time.Since(begin) > 5*time.Second {
+		t.Errorf("Sleep = %v after %v, want context.Canceled at once", err, time.Since(begin))
 	}
 }
