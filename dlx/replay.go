@@ -89,7 +89,7 @@ func Replay(ctx context.Context, ch *amqp.Channel, pub *publisher.Publisher, dlq
 	var held []amqp.Delivery
 	defer func() {
 		for _, d := range held {
-			_ = d.Reject(true)
+			_ = d.Nack(false, true) // not the message's fault: a nack does not count toward a delivery limit
 		}
 	}()
 	for stats.Scanned < q.Messages && (cfg.limit <= 0 || stats.Replayed < cfg.limit) {
@@ -112,7 +112,7 @@ func Replay(ctx context.Context, ch *amqp.Channel, pub *publisher.Publisher, dlq
 			continue
 		}
 		if err := pub.Publish(ctx, exchange, key, restart(&d, cfg.prefix)); err != nil {
-			_ = d.Reject(true)
+			_ = d.Nack(false, true) // not the message's fault: a nack does not count toward a delivery limit
 			return stats, fmt.Errorf("dlx: replay message %q to exchange %q, key %q: %w (it stays on %s)", d.MessageId, exchange, key, err, dlq)
 		}
 		if err := d.Ack(false); err != nil {

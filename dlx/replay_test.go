@@ -107,6 +107,35 @@ func TestReplayLimitAndMatch(t *testing.T) {
 	}
 }
 
+// The messages Replay skips go back with basic.nack: being looked at is not
+// their failure, and RabbitMQ 4.3 counts a reject toward a quorum queue's
+// delivery limit.
+func TestReplayHandsBackSkippedMessagesWithNacks(t *testing.T) {
+	topo := topology(t, dlx.Topology{})
+	declare(t, topo)
+	deadLetters(t, topo, 4)
+	proxy, url := brokertest.Proxy(t)
+	proxy.RecordMethods()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := dlx.ReplayMatch(func(d *amqp.Delivery) bool { return d.MessageId == "0" })
+	stats, err := dlx.Replay(context.Background(), ch, newPublisher(t), topo.DLQ(), first)
+	if err != nil || stats.Replayed != 1 || stats.Skipped != 3 {
+		t.Fatalf("stats %+v, err %v", stats, err)
+	}
+	brokertest.Eventually(t, 5*time.Second, "the frames through the proxy", func() bool { return proxy.Sent("basic.nack")+proxy.Sent("basic.reject") >= 3 })
+	if nacks, rejects, acks := proxy.Sent("basic.nack"), proxy.Sent("basic.reject"), proxy.Sent("basic.ack"); nacks != 3 || rejects != 0 || acks != 1 {
+		t.Errorf("%d nacks, %d rejects, %d acks; want 3 nacks for the skipped and 1 ack for the replayed", nacks, rejects, acks)
+	}
+}
+
 // Cancelled half-way: every message is on the DLQ or back on the work queue,
 // none lost.
 func TestInterruptedReplayLosesNothing(t *testing.T) {

@@ -154,7 +154,9 @@ func (c *consumer) read() {
 	defer c.r.consumers.Done()
 	for d := range c.deliveries {
 		if c.stopping.Load() {
-			_ = d.Reject(true) // arrived after we cancelled: back to the queue at once
+			// Arrived after we cancelled: back to the queue at once, with a
+			// nack, which does not count as a failed delivery.
+			_ = d.Nack(false, true)
 			continue
 		}
 		c.inFlight.Add(1)
@@ -276,13 +278,13 @@ func (c *consumer) process(dd *delivery) {
 	case middleware.Ack:
 		l.stats.handled.Add(1)
 		return
-	case middleware.Requeue:
+	case middleware.Requeue, middleware.Release:
 		l.stats.requeued.Add(1)
 	case middleware.Reject:
 		l.stats.rejected.Add(1)
 	}
 	l.stats.failed.Add(1)
-	if !errors.Is(err, middleware.ErrInterrupted) {
+	if settlement != middleware.Release { // a release is the listener's doing, not a failure
 		l.cfg.logger.Warn("listener: message failed", "queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag, "settlement", settlement.String(), "error", err)
 	}
 }

@@ -132,8 +132,8 @@ func TestRecoverNeverRecoversInterruptions(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 		cancel()
 		err := <-done
-		if r.Calls() != 0 || middleware.SettlementFor(err) != middleware.Requeue || !errors.Is(err, middleware.ErrInterrupted) {
-			t.Fatalf("err = %v, %d recoveries; want an interruption, requeued, never recovered", err, r.Calls())
+		if r.Calls() != 0 || middleware.SettlementFor(err) != middleware.Release || !errors.Is(err, middleware.ErrInterrupted) {
+			t.Fatalf("err = %v, %d recoveries; want an interruption, released (nack with requeue), never recovered", err, r.Calls())
 		}
 	})
 	t.Run("interrupt during a wait", func(t *testing.T) {

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -16,8 +17,15 @@ const (
 	// Reject: basic.reject without requeue; the queue's own dead-letter
 	// exchange gets the message if it has one, otherwise the broker drops it.
 	Reject
-	// Requeue: basic.reject with requeue; the message goes back to its queue.
+	// Requeue: basic.reject with requeue; the message failed and goes back to
+	// its queue.
 	Requeue
+	// Release: basic.nack with requeue; the message goes back to its queue
+	// through no fault of its own (shutdown, an interrupted wait). From
+	// RabbitMQ 4.3 a quorum queue counts a reject toward its delivery limit
+	// and a nack not, so a message is never dead-lettered or dropped for
+	// having been handed back by a consumer that was stopping.
+	Release
 )
 
 func (s Settlement) String() string {
@@ -28,21 +36,27 @@ func (s Settlement) String() string {
 		return "reject"
 	case Requeue:
 		return "requeue"
+	case Release:
+		return "release"
 	}
 	return fmt.Sprintf("Settlement(%d)", uint8(s))
 }
 
 // SettlementFor maps a chain's final error to its settlement: nil acks;
-// interruptions and failed recoveries requeue (the message is not safe
-// anywhere else); a recoverer's ErrReject and Permanent errors are rejected
-// without requeue; every other error requeues. The order matters: a failed
-// recovery still requeues whatever the handler's error wraps, since
-// rejecting it could drop the only copy.
+// interruptions (ErrInterrupted, or a cancelled context: the listener
+// stopping) release the message; failed recoveries requeue it (it is not
+// safe anywhere else); a recoverer's ErrReject and Permanent errors are
+// rejected without requeue; every other error requeues. The order matters:
+// an interruption is never the message's failure, and a failed recovery
+// still requeues whatever the handler's error wraps, since rejecting it
+// could drop the only copy.
 func SettlementFor(err error) Settlement {
 	switch {
 	case err == nil:
 		return Ack
-	case errors.Is(err, ErrInterrupted), errors.Is(err, ErrRecoveryFailed):
+	case errors.Is(err, ErrInterrupted), errors.Is(err, context.Canceled):
+		return Release
+	case errors.Is(err, ErrRecoveryFailed):
 		return Requeue
 	case errors.Is(err, ErrReject):
 		return Reject
@@ -53,8 +67,8 @@ func SettlementFor(err error) Settlement {
 	}
 }
 
-// Settle acks or rejects d, one delivery at a time (multiple=false), as
-// SettlementFor(err) says. The listener settles every delivery this way; Settle
+// Settle acks, rejects or nacks d, one delivery at a time (multiple=false),
+// as SettlementFor(err) says. The listener settles every delivery this way; Settle
 // is exported for programs that run a chain on their own amqp091 consumer.
 func Settle(d *amqp.Delivery, err error) (Settlement, error) {
 	s := SettlementFor(err)
@@ -64,6 +78,8 @@ func Settle(d *amqp.Delivery, err error) (Settlement, error) {
 		serr = d.Ack(false)
 	case Reject:
 		serr = d.Reject(false)
+	case Release:
+		serr = d.Nack(false, true)
 	default:
 		serr = d.Reject(true)
 	}

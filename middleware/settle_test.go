@@ -45,10 +45,13 @@ func TestSettle(t *testing.T) {
 		{"permanent", middleware.Permanent(errBoom), middleware.Reject, "reject(7, requeue=false)"},
 		{"wrapped permanent", fmt.Errorf("x: %w", middleware.Permanent(errBoom)), middleware.Reject, "reject(7, requeue=false)"},
 		{"panic", &middleware.PanicError{Value: "x"}, middleware.Requeue, "reject(7, requeue=true)"},
-		{"interrupted", &middleware.InterruptedError{Reason: context.Canceled, Last: middleware.Permanent(errBoom)}, middleware.Requeue, "reject(7, requeue=true)"},
+		{"interrupted", &middleware.InterruptedError{Reason: context.Canceled, Last: middleware.Permanent(errBoom)}, middleware.Release, "nack(7, multiple=false, requeue=true)"},
+		{"cancelled handler", fmt.Errorf("query: %w", context.Canceled), middleware.Release, "nack(7, multiple=false, requeue=true)"},
+		{"a handler's own deadline", fmt.Errorf("query: %w", context.DeadlineExceeded), middleware.Requeue, "reject(7, requeue=true)"},
 		{"recoverer asked to reject", fmt.Errorf("%w; handler error: %w", middleware.ErrReject, errBoom), middleware.Reject, "reject(7, requeue=false)"},
 		{"a failed recovery beats reject", &middleware.RecoveryError{Err: errors.New("nacked"), Cause: middleware.ErrReject}, middleware.Requeue, "reject(7, requeue=true)"},
-		{"interrupted beats reject", &middleware.InterruptedError{Reason: context.Canceled, Last: middleware.ErrReject}, middleware.Requeue, "reject(7, requeue=true)"},
+		{"interrupted beats reject", &middleware.InterruptedError{Reason: context.Canceled, Last: middleware.ErrReject}, middleware.Release, "nack(7, multiple=false, requeue=true)"},
+		{"interrupted beats a failed recovery", &middleware.InterruptedError{Reason: middleware.ErrInterrupted, Last: &middleware.RecoveryError{Err: errors.New("nacked"), Cause: errBoom}}, middleware.Release, "nack(7, multiple=false, requeue=true)"},
 		{"recovery failed", &middleware.RecoveryError{Err: errors.New("nacked"), Cause: middleware.Permanent(errBoom)}, middleware.Requeue, "reject(7, requeue=true)"},
 	}
 	for _, tt := range tests {
@@ -74,7 +77,7 @@ func TestSettleReportsChannelErrors(t *testing.T) {
 }
 
 func TestSettlementString(t *testing.T) {
-	for s, want := range map[middleware.Settlement]string{middleware.Ack: "ack", middleware.Reject: "reject", middleware.Requeue: "requeue", 0: "Settlement(0)"} {
+	for s, want := range map[middleware.Settlement]string{middleware.Ack: "ack", middleware.Reject: "reject", middleware.Requeue: "requeue", middleware.Release: "release", 0: "Settlement(0)"} {
 		if s.String() != want {
 			t.Errorf("%d.String() = %q, want %q", s, s.String(), want)
 		}

@@ -31,6 +31,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
@@ -153,9 +154,9 @@ func parse(fs *flag.FlagSet, args []string) (string, error) {
 }
 
 func withChannel(url string, f func(*amqp.Channel) error) error {
-	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+	conn, err := amqpconn.Dial(context.Background(), amqpconn.Config{URLs: []string{url}, DialTimeout: 10 * time.Second})
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", amqpurl.Redact(url), err)
+		return fmt.Errorf("connect to %w", err) // err names the address
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
@@ -167,7 +168,7 @@ func withChannel(url string, f func(*amqp.Channel) error) error {
 }
 
 // peek takes messages without acking them until stop says so, limit are
-// taken or ctx ends; closing the channel puts them back where they were.
+// taken or ctx ends; handBack puts them back where they were.
 func peek(ctx context.Context, ch *amqp.Channel, queue string, limit int, stop func(amqp.Delivery) bool) ([]amqp.Delivery, error) {
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
@@ -180,10 +181,12 @@ func peek(ctx context.Context, ch *amqp.Channel, queue string, limit int, stop f
 	var out []amqp.Delivery
 	for range n {
 		if err := ctx.Err(); err != nil {
+			handBack(out)
 			return nil, err
 		}
 		d, ok, err := ch.Get(queue, false)
 		if err != nil {
+			handBack(out)
 			return nil, fmt.Errorf("read %s: %w", queue, err)
 		}
 		if !ok {
@@ -197,6 +200,16 @@ func peek(ctx context.Context, ch *amqp.Channel, queue string, limit int, stop f
 	return out, nil
 }
 
+// handBack returns peeked messages to their queue with basic.nack(requeue):
+// looking at a message is not its failure, and from RabbitMQ 4.3 a nack,
+// unlike a reject or a closed channel, does not count toward a quorum DLQ's
+// delivery limit.
+func handBack(msgs []amqp.Delivery) {
+	for _, d := range msgs {
+		_ = d.Nack(false, true)
+	}
+}
+
 func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix string, stdout io.Writer) error {
 	if limit <= 0 {
 		limit = 100
@@ -205,6 +218,7 @@ func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix
 	if err != nil {
 		return err
 	}
+	defer handBack(msgs)
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "#\tMESSAGE ID\tROUTING KEY\tEXCEPTION\tATTEMPTS\tRETRIES\tFAILED AT")
 	for i, d := range msgs {
@@ -234,6 +248,7 @@ func show(ctx context.Context, ch *amqp.Channel, queue string, index int, id str
 	if err != nil {
 		return err
 	}
+	defer handBack(msgs)
 	if d == nil {
 		if id != "" {
 			return fmt.Errorf("no message with id %q on %s (%d messages)", id, queue, len(msgs))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
@@ -153,5 +154,28 @@ func TestUsageAndFailures(t *testing.T) {
 	if code := run(context.Background(), []string{"dlq", "list", "q", "--url", "amqp://u:hunter2@127.0.0.1:1/"}, &bytes.Buffer{}, &stderr); code != 1 ||
 		strings.Contains(stderr.String(), "hunter2") {
 		t.Errorf("unreachable broker: exit %d, %q", code, stderr.String())
+	}
+}
+
+// Looking at a DLQ is not a failure of its messages: list and show hand them
+// back with basic.nack, which RabbitMQ 4.3 does not count toward a quorum
+// queue's delivery limit, never with a reject or a closed channel.
+func TestInspectingHandsBackWithNacks(t *testing.T) {
+	topo := withDeadLetters(t, 3)
+	proxy, url := brokertest.Proxy(t)
+	proxy.RecordMethods()
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"dlq", "list", topo.DLQ(), "--url", url}, &stdout, &stderr); code != 0 {
+		t.Fatalf("list: exit %d: %s", code, stderr.String())
+	}
+	if code := run(context.Background(), []string{"dlq", "show", "--index", "1", topo.DLQ(), "--url", url}, &stdout, &stderr); code != 0 {
+		t.Fatalf("show: exit %d: %s", code, stderr.String())
+	}
+	brokertest.Eventually(t, 5*time.Second, "the frames through the proxy", func() bool { return proxy.Sent("basic.nack")+proxy.Sent("basic.reject") >= 5 })
+	if nacks, rejects := proxy.Sent("basic.nack"), proxy.Sent("basic.reject"); nacks != 3+2 || rejects != 0 {
+		t.Errorf("%d nacks and %d rejects; want 5 nacks (3 listed, 2 looked at to show one)", nacks, rejects)
+	}
+	if n := brokertest.Depth(t, topo.DLQ()); n != 3 {
+		t.Errorf("DLQ holds %d, want all 3 back", n)
 	}
 }

@@ -86,6 +86,18 @@ func Dial(t testing.TB) *amqp.Connection {
 	return conn
 }
 
+// Major returns the major version of the broker under test: 3 or 4.
+func Major(t testing.TB) int {
+	t.Helper()
+	v, _ := Dial(t).Properties["version"].(string)
+	major, _, _ := strings.Cut(v, ".")
+	n, err := strconv.Atoi(major)
+	if err != nil {
+		t.Fatalf("the broker reports version %q", v)
+	}
+	return n
+}
+
 // Channel opens a channel on conn, closed when the test ends.
 func Channel(t testing.TB, conn *amqp.Connection) *amqp.Channel {
 	t.Helper()

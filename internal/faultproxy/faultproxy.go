@@ -18,6 +18,10 @@ type Proxy struct {
 	blackhole atomic.Bool
 	latency   atomic.Int64 // nanoseconds added before each forwarded write
 	accepted  atomic.Int64
+	record    atomic.Bool // count the AMQP methods clients send
+
+	methodsMu sync.Mutex
+	methods   map[string]int
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -127,9 +131,13 @@ func (p *Proxy) accept() {
 			_ = server.Close()
 			return // accepted while closing
 		}
+		var tap func([]byte)
+		if p.record.Load() {
+			tap = (&methodReader{count: p.countMethod}).feed
+		}
 		p.wg.Add(2)
-		go p.pipe(server, client)
-		go p.pipe(client, server)
+		go p.pipe(server, client, tap)
+		go p.pipe(client, server, nil)
 	}
 }
 
@@ -153,7 +161,8 @@ func (p *Proxy) untrack(c net.Conn) {
 
 // pipe copies src to dst until either side closes, then closes both so the
 // other direction ends too.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// tap, if not nil, sees every chunk before it is forwarded.
+func (p *Proxy) pipe(dst, src net.Conn, tap func([]byte)) {
 	defer p.wg.Done()
 	defer func() {
 		_ = src.Close()
@@ -170,6 +179,9 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 		if n > 0 {
 			if !p.holdWhileBlackholed() {
 				return
+			}
+			if tap != nil {
+				tap(buf[:n])
 			}
 			if d := time.Duration(p.latency.Load()); d > 0 {
 				time.Sleep(d)
