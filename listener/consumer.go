@@ -159,6 +159,9 @@ func (c *consumer) read() {
 			_ = d.Nack(false, true)
 			continue
 		}
+		if d.Headers != nil && !c.r.l.countsToldOnce.Load() {
+			c.r.l.tellDeliveryCounting(d.Headers)
+		}
 		c.inFlight.Add(1)
 		c.pending.Add(1)
 		dd := &delivery{Delivery: d, c: c}
@@ -336,6 +339,19 @@ func (l *Listener) requeueDelay(d *amqp.Delivery) time.Duration {
 		}
 	}
 	return min(delay, l.cfg.requeueDelayMax)
+}
+
+// tellDeliveryCounting says once, when the first x-delivery-count arrives,
+// that the queue counts deliveries: the listener cannot read the queue's
+// limit over AMQP, and past it the broker dead-letters or drops the message.
+func (l *Listener) tellDeliveryCounting(h amqp.Table) {
+	if _, ok := h["x-delivery-count"]; !ok || !l.countsToldOnce.CompareAndSwap(false, true) {
+		return
+	}
+	l.cfg.logger.Info("listener: the queue counts deliveries (a quorum queue): every requeue after a failure is one, "+
+		"and past the queue's delivery limit (x-delivery-limit or a delivery-limit policy; 20 by default on RabbitMQ 4) "+
+		"the broker dead-letters the message, or drops it if the queue has no dead-letter exchange",
+		"queue", l.queue, "x-delivery-count", h["x-delivery-count"])
 }
 
 // deliveryCount reads the x-delivery-count header quorum queues set; any

@@ -30,6 +30,8 @@ type Listener struct {
 
 	running atomic.Bool
 	stats   counters
+	// countsToldOnce: the log has said that the queue counts deliveries.
+	countsToldOnce atomic.Bool
 
 	mu        sync.Mutex
 	consumers map[*consumer]struct{} // active, for Stats
