@@ -72,8 +72,9 @@ func ReplayProgress(f func(ReplayStats)) ReplayOption {
 // ReplayMatch, stays on the DLQ. Replay looks at each message that was on the
 // DLQ when it started once, and returns when it has seen them all, when the
 // limit is reached, or when ctx ends; ch is used for basic.get and acks.
-// Skipped messages are handed back at the end: on a quorum DLQ with a
-// delivery limit that counts as a delivery (dlx.Topology's DLQ has none).
+// Skipped messages are handed back at the end with basic.nack: on a quorum
+// DLQ with a delivery limit RabbitMQ 4.0 counts that as a delivery (4.3 no
+// longer counts a nack); see Topology.DeliveryLimit for the DLQ's limit.
 func Replay(ctx context.Context, ch *amqp.Channel, pub *publisher.Publisher, dlq string, opts ...ReplayOption) (ReplayStats, error) {
 	cfg := replayConfig{prefix: recoverer.DefaultHeaderPrefix}
 	for _, opt := range opts {

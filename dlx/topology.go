@@ -73,11 +73,15 @@ type Topology struct {
 	SingleRetryDelay time.Duration
 
 	// DeliveryLimit sets x-delivery-limit on the quorum work and retry queues
-	// (0: the broker's default). The DLQ never gets it: inspecting or
-	// filtering a DLQ (amqpretry dlq list, Replay with a match) hands messages
-	// back, which counts as a delivery, and a DLQ has nowhere to send the
-	// ones past the limit. RabbitMQ 4 gives quorum queues a default limit of
-	// 20: pass x-delivery-limit: -1 in DLQArguments there.
+	// (0: the broker's default, none on RabbitMQ 3 and 20 on 4; a
+	// delivery-limit policy can set it too). Past it the broker dead-letters
+	// the message to the DLQ (reason delivery_limit). The DLQ never gets it:
+	// inspecting or filtering a DLQ (amqpretry dlq list, Replay with a match)
+	// hands messages back, which RabbitMQ 4.0 counts as a delivery, and a DLQ
+	// has nowhere to send the ones past the limit. On RabbitMQ 4 pass
+	// x-delivery-limit: int64(math.MaxInt32) in DLQArguments, unlimited in
+	// practice on 3.10 and 4.x alike; not -1, which is unlimited on 4 but
+	// drops a message at its first return on 3.10.
 	DeliveryLimit int
 	// DLQArguments are added to the dead-letter queue's arguments.
 	DLQArguments amqp.Table

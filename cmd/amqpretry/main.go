@@ -8,8 +8,10 @@
 // The broker is --url, else $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/.
 // --header-prefix matches a recoverer configured with WithHeaderPrefix.
 // list and show take messages without acking them and hand them back, in
-// place, when they end: on a quorum queue with a delivery limit each look
-// counts as a delivery (dlx.Topology's DLQ has none).
+// place, with basic.nack when they end: on a quorum queue with a delivery
+// limit RabbitMQ 4.0 counts each look as a delivery (4.3 no longer counts a
+// nack), and 4.x gives quorum queues a limit of 20 unless set otherwise: see
+// dlx.Topology.DeliveryLimit.
 // Exit status: 0 done, 1 the broker or the queue failed, 2 wrong usage.
 package main
 

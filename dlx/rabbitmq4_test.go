@@ -1,0 +1,122 @@
+package dlx_test
+
+import (
+	"math"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+)
+
+// returns hands one message on queue back up to max times, with a nack or a
+// reject, and reports how many times it was delivered before the broker let
+// it go (max+1 when it is still there) and the last x-delivery-count seen.
+func returns(t *testing.T, queue string, max int, nack bool) (delivered int, lastCount any) {
+	t.Helper()
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	for delivered < max+1 {
+		d, ok, err := ch.Get(queue, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return delivered, lastCount
+		}
+		delivered++
+		lastCount = d.Headers["x-delivery-count"]
+		if delivered == max+1 {
+			_ = d.Nack(false, true)
+			break
+		}
+		if nack {
+			err = d.Nack(false, true)
+		} else {
+			err = d.Reject(true)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return delivered, lastCount
+}
+
+// What the README's RabbitMQ 4 section says of a quorum DLQ, on the broker
+// under test: the Topology's DLQ keeps the broker's default limit (none on 3,
+// 20 on 4, where being looked at counts); x-delivery-limit -1 is unlimited on 4
+// but drops a message at its first return on 3.10; math.MaxInt32 is
+// unlimited in practice on both.
+func TestQuorumDLQDeliveryLimit(t *testing.T) {
+	major := brokertest.Major(t)
+	tests := []struct {
+		name      string
+		args      amqp.Table
+		delivered func(major int) int // before the message is gone; 31 = still there after 30 returns
+	}{
+		{"topology default", nil, func(major int) int {
+			if major >= 4 {
+				return 21
+			}
+			return 31
+		}},
+		{"-1", amqp.Table{"x-delivery-limit": int64(-1)}, func(major int) int {
+			if major >= 4 {
+				return 31
+			}
+			return 1
+		}},
+		{"MaxInt32", amqp.Table{"x-delivery-limit": int64(math.MaxInt32)}, func(int) int { return 31 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			topo := topology(t, dlx.Topology{Type: dlx.Quorum, DLQArguments: tt.args})
+			declare(t, topo)
+			brokertest.Publish(t, topo.DLQ(), amqp.Publishing{Body: []byte("a dead letter")})
+			got, count := returns(t, topo.DLQ(), 30, true)
+			if want := tt.delivered(major); got != want {
+				t.Fatalf("RabbitMQ %d: delivered %d times before the broker let it go (31: kept), want %d; last x-delivery-count %v", major, got, want, count)
+			}
+		})
+	}
+}
+
+// RabbitMQ 3.10 and 4.0 count a nack toward the delivery limit as they count
+// a reject (4.3 stops counting nacks; Debian ships 4.0.5). When this fails on
+// a newer broker, the README's RabbitMQ 4 section needs its words updated.
+func TestNackAndRejectBothCount(t *testing.T) {
+	for _, nack := range []bool{false, true} {
+		q := brokertest.Name(t, "q")
+		brokertest.Queue(t, q, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(3)})
+		brokertest.Publish(t, q, amqp.Publishing{Body: []byte("x")})
+		got, _ := returns(t, q, 10, nack)
+		if got != 4 {
+			t.Errorf("nack=%v: delivered %d times with x-delivery-limit 3, want 4 (the first and 3 returns)", nack, got)
+		}
+	}
+}
+
+// x-delivery-count on a basic.get's first delivery: 3.10 says 0, 4.0 leaves
+// it out; after a return both count from 1. The listener reads either.
+func TestDeliveryCountHeader(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, amqp.Table{"x-queue-type": "quorum"})
+	brokertest.Publish(t, q, amqp.Publishing{Body: []byte("x")})
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	var counts []any
+	for range 3 {
+		d, ok, err := ch.Get(q, false)
+		if err != nil || !ok {
+			t.Fatalf("get: %v %v", ok, err)
+		}
+		counts = append(counts, d.Headers["x-delivery-count"])
+		_ = d.Nack(false, true)
+	}
+	first := any(int64(0))
+	if brokertest.Major(t) >= 4 {
+		first = nil
+	}
+	if counts[0] != first || counts[1] != int64(1) || counts[2] != int64(2) {
+		t.Fatalf("x-delivery-count by delivery %v, want [%v 1 2]", counts, first)
+	}
+}
