@@ -155,3 +155,40 @@ func TestStuckWritesAreBounded(t *testing.T) {
 		t.Fatal("Close hangs")
 	}
 }
+
+// RabbitMQ 4.0 refuses messages over 16 MiB (max_message_size; 3.10 allows
+// 128 MiB) by closing the channel with 406. The publish fails with the
+// broker's reason; messages published beside it on the same channel are
+// confirmed.
+func TestMessageOverTheBrokersMaximumSize(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	p := newPublisher(t, brokertest.URL(), publisher.WithChannels(1))
+	const neighbours = 20
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range neighbours {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := p.Publish(ctxTimeout(t, 10*time.Second), "", q, amqp.Publishing{Body: []byte("small")}); err != nil {
+				failed.Add(1)
+				t.Errorf("a neighbour failed: %v", err)
+			}
+		}()
+	}
+	err := p.Publish(ctxTimeout(t, 10*time.Second), "", q, amqp.Publishing{Body: make([]byte, 16<<20+1)})
+	wg.Wait()
+	var cerr *publisher.ChannelError
+	switch major := brokertest.Major(t); {
+	case major >= 4 && (!errors.As(err, &cerr) || cerr.Code != amqp.PreconditionFailed || !strings.Contains(cerr.Reason, "larger than configured max size")):
+		t.Fatalf("RabbitMQ 4: err = %v, want a *ChannelError 406 saying the message is too large", err)
+	case major < 4 && err != nil:
+		t.Fatalf("RabbitMQ 3.10 takes messages up to 128 MiB: err = %v", err)
+	}
+	want := neighbours
+	if err == nil {
+		want++
+	}
+	brokertest.Eventually(t, 5*time.Second, "every confirmed message on the queue", func() bool { return brokertest.Depth(t, q) == want })
+}
