@@ -1,0 +1,95 @@
+package listener_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/listener"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+// A consumer of the orders queue: three attempts a message, then the
+// dead-letter queue, with the topology declared on every (re)connection.
+// It runs against the broker at $AMQP_URL.
+func ExampleNew() {
+	url := os.Getenv("AMQP_URL")
+	if url == "" {
+		url = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	topo := dlx.Topology{Queue: "amqpretry-example.orders"}
+	defer deleteTopology(url, topo)
+
+	pub, err := publisher.New(url, publisher.WithLogger(quiet))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pub.Close()
+
+	handled := make(chan struct{})
+	handle := func(ctx context.Context, d *amqp.Delivery) error {
+		fmt.Printf("attempt %d: %s\n", middleware.Attempt(ctx), d.Body)
+		if middleware.Attempt(ctx) < 2 {
+			return errors.New("database busy")
+		}
+		close(handled)
+		return nil
+	}
+	l, err := listener.New(topo.Queue,
+		middleware.Chain(
+			middleware.Retry(3, middleware.WithInitialInterval(10*time.Millisecond)),
+			middleware.Recover(recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())),
+		),
+		handle,
+		listener.WithURL(url),
+		listener.WithDeclare(topo.Declare),
+		listener.WithLogger(quiet),
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+
+	// Once the listener has declared the queue, a message for it.
+	for err := errors.New("not yet"); err != nil; time.Sleep(20 * time.Millisecond) {
+		err = pub.Publish(ctx, "", topo.Queue, amqp.Publishing{Body: []byte("order 42")})
+	}
+	<-handled
+	cancel() // a graceful shutdown: in-flight messages finish or go back
+	fmt.Println("Run returned", <-done)
+	// Output:
+	// attempt 1: order 42
+	// attempt 2: order 42
+	// Run returned <nil>
+}
+
+// deleteTopology removes the queues and the exchange an example declared.
+func deleteTopology(url string, topo dlx.Topology) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	for _, name := range []string{topo.Queue, topo.DLQ()} {
+		_, _ = ch.QueueDelete(name, false, false, false)
+	}
+	_ = ch.ExchangeDelete(topo.DLX(), false, false)
+}
