@@ -1,11 +1,15 @@
 # The two commands a newcomer needs:
 #   make demo   run examples/quickstart against the local broker (started if needed)
-#   make test   everything CI runs: formatting, vet, staticcheck, tests with -race,
-#               the broker-disrupting reliability suite, a short fuzz of every target
+#   make test   everything CI runs: formatting, vet, staticcheck, then on RabbitMQ
+#               3.10 and on RabbitMQ 4.0 each the tests with -race and the
+#               broker-disrupting reliability suite, then a short fuzz of every target
 # and, for numbers and long runs:
 #   make bench      the benchmark program (bench/): a markdown report, bench/results/
 #   make soak       the long fault-injection soak (200,000 messages)
 #   make vulncheck  govulncheck on every module
+#   make suite      the broker-backed suite once, against $$AMQP_URL (and the node
+#                   $$AMQPRETRY_RABBITMQCTL reaches): for a broker of your own
+#   make rabbit4    make sure the RabbitMQ 4.0 broker answers (scripts/rabbit4.sh)
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := test
@@ -32,12 +36,34 @@ GOVULNCHECK := $(BIN)/govulncheck-$(GOVULNCHECK_VERSION)
 FUZZ_TARGETS := ./internal/amqpurl:FuzzRedact:200000 ./internal/amqpurl:FuzzParse:150000 \
 	./internal/amqptable:FuzzNormalize:120000 ./recoverer:FuzzFitFaultText:60000 ./dlx:FuzzHeaders:60000
 
-.PHONY: test demo bench broker fmt gomod vet staticcheck unit reliability fuzz soak vulncheck
+# The two brokers make test runs the suite on: the system's (Debian bookworm's
+# 3.10) and RabbitMQ 4.0 in a root of its own beside it (scripts/rabbit4.sh).
+# Tests reach a broker through $$AMQP_URL and administer it through
+# $$AMQPRETRY_RABBITMQCTL, so the same suite runs on either.
+URL_3 := amqp://guest:guest@127.0.0.1:5672/
+CTL_3 := rabbitmqctl
+URL_4 := amqp://guest:guest@127.0.0.1:5673/
+CTL_4 := $(CURDIR)/scripts/rabbit4.sh ctl
 
-test: broker fmt gomod vet staticcheck unit reliability fuzz vulncheck
+.PHONY: test demo bench broker rabbit4 fmt gomod vet staticcheck suite suite-3.10 suite-4.0 unit reliability fuzz soak vulncheck
+
+test: fmt gomod vet staticcheck suite-3.10 suite-4.0 fuzz vulncheck
 
 demo: broker
-	cd examples && $(GO) run ./quickstart
+	@echo "make demo: examples/quickstart on $$(AMQP_URL=$(URL_3) $(BIN)/brokercheck -describe)"
+	cd examples && AMQP_URL=$(URL_3) $(GO) run ./quickstart
+
+suite-3.10: broker
+	@$(MAKE) --no-print-directory suite AMQP_URL="$(URL_3)" AMQPRETRY_RABBITMQCTL="$(CTL_3)"
+
+suite-4.0: rabbit4
+	@$(MAKE) --no-print-directory suite AMQP_URL="$(URL_4)" AMQPRETRY_RABBITMQCTL="$(CTL_4)"
+
+# The broker-backed suite once, on whichever broker the environment names.
+suite:
+	@$(GO) build -o $(BIN)/brokercheck ./internal/cmd/brokercheck
+	@echo "== suite on $$(AMQP_URL="$(AMQP_URL)" $(BIN)/brokercheck -describe || echo "$(AMQP_URL), which does not answer")"
+	@$(MAKE) --no-print-directory unit reliability
 
 # About two minutes: throughput against raw amqp091-go and Watermill, a
 # poison flood, scale-up, the retry schedule. Writes bench/results/.
@@ -45,7 +71,10 @@ bench: broker
 	cd bench && $(GO) run . -out results
 
 broker:
-	@scripts/broker.sh
+	@AMQP_URL=$(URL_3) scripts/broker.sh
+
+rabbit4:
+	@scripts/rabbit4.sh up
 
 fmt:
 	@unformatted=$$(find . -name '*.go' -not -path './.bin/*' -print0 | xargs -0 gofmt -l); \
@@ -72,13 +101,14 @@ staticcheck: $(STATICCHECK)
 	@$(STATICCHECK) -tags disruptive ./internal/reliability
 
 # AMQPRETRY_REQUIRE_BROKER=1: a test that needs the broker fails instead of skipping.
+# unit and reliability use the broker $$AMQP_URL names: run them through suite.
 unit:
 	@for m in $(MODULES); do (cd $$m && AMQPRETRY_REQUIRE_BROKER=1 $(GO) test -race -count=1 ./...); done
 
 # Tests that stop the broker's app run alone, after the others: a restart
 # would pull the broker from under tests running in parallel.
 reliability:
-	AMQPRETRY_REQUIRE_BROKER=1 $(GO) test -race -count=1 -tags disruptive -timeout 8m -run 'Soak' -v ./internal/reliability | grep -E '^(---|===|ok|FAIL|PASS)|soak_test' || (echo "reliability suite failed"; exit 1)
+	@AMQPRETRY_REQUIRE_BROKER=1 $(GO) test -race -count=1 -tags disruptive -timeout 8m -run 'Soak' -v ./internal/reliability | grep -E '^(---|===|ok|FAIL|PASS)|soak_test' || (echo "reliability suite failed on $(AMQP_URL)"; exit 1)
 
 fuzz:
 	@log=$$(mktemp); marker=$$(mktemp); trap 'rm -f $$log $$marker' EXIT; \
