@@ -13,6 +13,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -24,10 +25,7 @@ import (
 // cancel) is basic.nack(requeue), which it does not count.
 func TestFailuresAreRejectsAndReturnsAreNacks(t *testing.T) {
 	t.Run("failure", func(t *testing.T) {
-		q := brokertest.Name(t, "q")
-		brokertest.Queue(t, q, nil)
-		proxy, url := brokertest.Proxy(t)
-		proxy.RecordMethods()
+		q, proxy, url := recordedQueue(t)
 		var calls atomic.Int64
 		r := start(t, q, nil, func(context.Context, *amqp.Delivery) error { calls.Add(1); return errors.New("boom") },
 			listener.WithURL(url), listener.WithRequeueDelay(time.Hour, time.Hour))
@@ -43,10 +41,7 @@ func TestFailuresAreRejectsAndReturnsAreNacks(t *testing.T) {
 
 	t.Run("shutdown", func(t *testing.T) {
 		const n = 20
-		q := brokertest.Name(t, "q")
-		brokertest.Queue(t, q, nil)
-		proxy, url := brokertest.Proxy(t)
-		proxy.RecordMethods()
+		q, proxy, url := recordedQueue(t)
 		release := make(chan struct{})
 		var calls atomic.Int64
 		handle := func(ctx context.Context, d *amqp.Delivery) error {
@@ -81,10 +76,7 @@ func TestFailuresAreRejectsAndReturnsAreNacks(t *testing.T) {
 
 	t.Run("shutdown during a backoff", func(t *testing.T) {
 		const n = 5
-		q := brokertest.Name(t, "q")
-		brokertest.Queue(t, q, nil)
-		proxy, url := brokertest.Proxy(t)
-		proxy.RecordMethods()
+		q, proxy, url := recordedQueue(t)
 		var calls atomic.Int64
 		chain := middleware.Retry(2, middleware.WithInitialInterval(10*time.Minute), middleware.WithMaxInterval(10*time.Minute))
 		r := start(t, q, chain, func(context.Context, *amqp.Delivery) error { calls.Add(1); return errors.New("boom") },
@@ -97,6 +89,16 @@ func TestFailuresAreRejectsAndReturnsAreNacks(t *testing.T) {
 			t.Errorf("%d nacks and %d rejects, want %d nacks: a backoff cut short by shutdown is not a failure", got, rejects, n)
 		}
 	})
+}
+
+// recordedQueue declares a queue and a fault proxy that counts the methods
+// sent through it.
+func recordedQueue(t *testing.T) (string, *faultproxy.Proxy, string) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	proxy, url := brokertest.Proxy(t)
+	proxy.RecordMethods()
+	return q, proxy, url
 }
 
 // RabbitMQ 4 gives every quorum queue a delivery limit of 20 and counts each
