@@ -13,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -21,7 +22,7 @@ import (
 // handler at a time: the gate around the handler is held while the handler
 // runs and free while a delivery waits between retries.
 type consumer struct {
-	r          *run
+	sv         *supervisor
 	ch         *amqp.Channel
 	tag        string
 	deliveries <-chan amqp.Delivery
@@ -56,8 +57,8 @@ func monotime() int64 { return telemetry.Mono() }
 // startConsumer opens a channel, sets its prefetch and starts consuming.
 // ended receives the consumer once, when it stops without being asked to
 // (broker cancel, channel closed), so that serve can replace it.
-func (r *run) startConsumer(conn *amqp.Connection, ended chan<- *consumer) (*consumer, error) {
-	l := r.l
+func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consumer) (*consumer, error) {
+	l := sv.l
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, err
@@ -72,12 +73,10 @@ func (r *run) startConsumer(conn *amqp.Connection, ended chan<- *consumer) (*con
 		_ = ch.Close()
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(r.handlerCtx)
+	ctx, cancel := context.WithCancel(sv.handlerCtx)
 	c := &consumer{
-		r: r, ch: ch, tag: tag, cancel: cancel,
-		// The chain's Retry and Recover use the listener's telemetry unless
-		// given their own.
-		ctx:  telemetry.With(middleware.WithQueue(middleware.WithInterrupt(ctx, r.interrupt), l.queue), l.tel),
+		sv: sv, ch: ch, tag: tag, cancel: cancel,
+		ctx:  sv.chainContext(ctx),
 		gate: make(chan struct{}, 1),
 	}
 	c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
@@ -93,9 +92,9 @@ func (r *run) startConsumer(conn *amqp.Connection, ended chan<- *consumer) (*con
 	// broker has requeued them): cancel their handlers and waits at once,
 	// not when the reader next looks, so none of them reaches a recoverer.
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
-	r.consumers.Add(1)
+	sv.consumers.Add(1)
 	go func() {
-		defer r.consumers.Done()
+		defer sv.consumers.Done()
 		<-closes
 		cancel()
 	}()
@@ -115,15 +114,23 @@ func (c *consumer) stop() {
 	}
 }
 
+// chainContext is what the chain of every delivery sees: the queue, the
+// shutdown signal that ends its waits, and the listener's telemetry, which
+// the chain's Retry and Recover use unless given providers of their own.
+func (sv *supervisor) chainContext(ctx context.Context) context.Context {
+	l := sv.l
+	return telemetry.With(chainctx.WithQueue(chainctx.WithInterrupt(ctx, sv.interrupt), l.queue), l.tel)
+}
+
 // A consumer's deliveries are handled on the goroutine that reads them, so
-// a healthy message costs no goroutine of its own. When a delivery parks
-// (middleware.Park: a backoff, a recoverer's publish, a requeue delay), its
-// goroutine hands the reading over to a new one and stays with the delivery.
-// Exactly one goroutine reads at a time.
+// a healthy message costs no goroutine of its own. When a delivery is about
+// to wait (middleware.WillWait: a backoff, a recoverer's publish, a requeue
+// delay), it is parked: its goroutine hands the reading over to a new one
+// and stays with the delivery. Exactly one goroutine reads at a time.
 
 // delivery is one message in flight. It is also the context its chain runs
-// in (the process span's context plus itself as the middleware.Parker), which
-// saves an allocation per message.
+// in (the process span's context plus itself as the chain's wait hook),
+// which saves an allocation per message.
 type delivery struct {
 	context.Context
 	amqp.Delivery
@@ -132,26 +139,27 @@ type delivery struct {
 }
 
 func (dd *delivery) Value(key any) any {
-	if key == middleware.ParkerKey() {
+	if key == chainctx.WaitHookKey {
 		return dd
 	}
 	return dd.Context.Value(key)
 }
 
-// Park hands the reading of deliveries to a new goroutine, once.
-func (dd *delivery) Park() {
+// WillWait parks the delivery: it hands the reading of deliveries to a new
+// goroutine, once.
+func (dd *delivery) WillWait() {
 	if dd.reader.CompareAndSwap(true, false) {
 		dd.c.spawnReader()
 	}
 }
 
 func (c *consumer) spawnReader() {
-	c.r.consumers.Add(1)
+	c.sv.consumers.Add(1)
 	go c.read()
 }
 
 func (c *consumer) read() {
-	defer c.r.consumers.Done()
+	defer c.sv.consumers.Done()
 	for d := range c.deliveries {
 		if c.stopping.Load() {
 			// Arrived after we cancelled: back to the queue at once, with a
@@ -159,8 +167,8 @@ func (c *consumer) read() {
 			_ = d.Nack(false, true)
 			continue
 		}
-		if d.Headers != nil && !c.r.l.countsToldOnce.Load() {
-			c.r.l.tellDeliveryCounting(d.Headers)
+		if d.Headers != nil && !c.sv.l.countsToldOnce.Load() {
+			c.sv.l.tellDeliveryCounting(d.Headers)
 		}
 		c.inFlight.Add(1)
 		c.pending.Add(1)
@@ -170,8 +178,8 @@ func (c *consumer) read() {
 		if !dd.reader.CompareAndSwap(true, false) {
 			return // it parked: another goroutine reads now
 		}
-		// Done with dd: a late Park on it (from a goroutine its handler left
-		// behind) finds reader false and starts no second reader.
+		// Done with dd: a late WillWait on it (from a goroutine its handler
+		// left behind) finds reader false and starts no second reader.
 	}
 	c.finish()
 }
@@ -180,7 +188,7 @@ func (c *consumer) read() {
 // deliveries still in flight, then closes the channel.
 func (c *consumer) finish() {
 	c.consuming.Store(false)
-	l := c.r.l
+	l := c.sv.l
 	if !c.stopping.Load() {
 		if c.ch.IsClosed() {
 			l.cfg.logger.Warn("listener: consumer channel closed; its unacked deliveries go back to the queue", "queue", l.queue, "consumer", c.tag)
@@ -219,7 +227,7 @@ func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 			}
 		}
 		select {
-		case <-c.r.interrupt: // shutdown began while we waited: no new attempt starts
+		case <-c.sv.interrupt: // shutdown began while we waited: no new attempt starts
 			<-c.gate
 			return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
 		default:
@@ -250,7 +258,7 @@ func (c *consumer) waitForGate(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-c.r.interrupt:
+	case <-c.sv.interrupt:
 		return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
 	}
 }
@@ -259,7 +267,7 @@ func (c *consumer) waitForGate(ctx context.Context) error {
 func (c *consumer) process(dd *delivery) {
 	defer c.pending.Done()
 	defer c.inFlight.Add(-1)
-	l := c.r.l
+	l := c.sv.l
 	d := &dd.Delivery
 	began := monotime()
 	ctx, span := l.startProcess(c.ctx, d, &c.spans, began)
@@ -308,12 +316,12 @@ func (c *consumer) call(ctx context.Context, d *amqp.Delivery) (err error) {
 // through the broker as fast as the network allows. Shutdown and channel
 // loss end the wait at once.
 func (c *consumer) waitBeforeRequeue(dd *delivery) {
-	delay := c.r.l.requeueDelay(&dd.Delivery)
+	delay := c.sv.l.requeueDelay(&dd.Delivery)
 	if delay <= 0 {
 		return
 	}
-	dd.Park()
-	l := c.r.l
+	dd.WillWait()
+	l := c.sv.l
 	l.tel.Parked.Add(c.ctx, 1, l.attrs.queue.Add...)
 	defer l.tel.Parked.Add(c.ctx, -1, l.attrs.queue.Add...)
 	timer := time.NewTimer(delay)
@@ -321,7 +329,7 @@ func (c *consumer) waitBeforeRequeue(dd *delivery) {
 	select {
 	case <-timer.C:
 	case <-c.ctx.Done():
-	case <-c.r.interrupt:
+	case <-c.sv.interrupt:
 	}
 }
 

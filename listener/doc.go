@@ -15,10 +15,11 @@
 // basic.consume, so the broker's consumer count is the listener's size. A
 // consumer runs one handler at a time: every delivery goes through mw(gate(h)),
 // and the gate, held while the handler runs, sits inside the chain. A delivery
-// runs on the goroutine that read it; when it parks to wait between retries
-// (middleware.Park), a new goroutine takes over the reading. So a healthy
-// message costs no goroutine of its own, a delivery waiting between retries
-// holds no worker, and the healthy messages behind a poison one keep flowing.
+// runs on the goroutine that read it; when it is about to wait between
+// retries (middleware.WillWait), it is parked and a new goroutine takes over
+// the reading. So a healthy message costs no goroutine of its own, a delivery
+// waiting between retries holds no worker, and the healthy messages behind a
+// poison one keep flowing.
 //
 // # Scaling
 //
@@ -70,4 +71,12 @@
 // running handlers WithShutdownTimeout to finish, then cancels their context,
 // requeues what is left, closes, and returns nil. No delivery interrupted this
 // way reaches a recoverer: a shutdown never sends a message to the DLQ.
+//
+// # Invalid options
+//
+// New checks every argument and option, and the chain's worst-case wait
+// against WithConsumerTimeout, before it returns: one error names each
+// problem with its value (errors.Join), rather than the first alone. Nothing
+// is checked against the broker until Run. New does not panic; the
+// middleware constructors it is given do, for mistakes in the code.
 package listener

@@ -130,9 +130,9 @@ func TestNothingRunsWhenCancelledBeforeRun(t *testing.T) {
 	}
 }
 
-// A goroutine left behind by a handler calls Park after the handler returned:
+// A goroutine left behind by a handler calls WillWait after the handler returned:
 // no second reader appears, and Run still returns.
-func TestLateParkStartsNoSecondReader(t *testing.T) {
+func TestLateWillWaitStartsNoSecondReader(t *testing.T) {
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
 	publishN(t, q, 5)
@@ -142,7 +142,7 @@ func TestLateParkStartsNoSecondReader(t *testing.T) {
 		if once.CompareAndSwap(false, true) {
 			go func() {
 				time.Sleep(100 * time.Millisecond)
-				middleware.Park(ctx)
+				middleware.WillWait(ctx)
 				close(parked)
 			}()
 		}

@@ -9,8 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
+	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -67,10 +70,10 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	if !cfg.maxSet {
 		cfg.max = cfg.min
 	}
-	switch {
-	case queue == "":
+	if queue == "" {
 		cfg.fail("New expects a queue name, got \"\"")
-	case h == nil:
+	}
+	if h == nil {
 		cfg.fail("New expects a non-nil handler")
 	}
 	if cfg.max < cfg.min {
@@ -87,7 +90,9 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	if mw == nil {
 		mw = middleware.Chain()
 	}
-	if wait := middleware.WorstCaseWait(mw); wait >= cfg.consumerTimeout {
+	// A dry run of the chain over a handler that succeeds at once finds its
+	// Retries and how long they may wait.
+	if wait := chainctx.WorstCaseWait(mw(func(context.Context, *amqp.Delivery) error { return nil })); wait >= cfg.consumerTimeout {
 		cfg.fail("the middleware's retries may hold a delivery for %v, longer than the consumer timeout %v: "+
 			"the broker would close the channel and redeliver it. Use fewer or shorter local retries and hand longer "+
 			"delays to broker-side retry tiers (package dlx), or raise consumer_timeout and WithConsumerTimeout together",
@@ -145,18 +150,18 @@ func (l *Listener) Run(ctx context.Context) error {
 	if !l.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
-	r := &run{
+	sv := &supervisor{
 		l:         l,
 		ctx:       ctx,
 		interrupt: make(chan struct{}),
 	}
 	// Handlers outlive ctx by up to the shutdown timeout: they get a context
 	// that keeps ctx's values but is cancelled separately.
-	r.handlerCtx, r.cancelHandlers = context.WithCancel(context.WithoutCancel(ctx))
-	defer r.cancelHandlers()
+	sv.handlerCtx, sv.cancelHandlers = context.WithCancel(context.WithoutCancel(ctx))
+	defer sv.cancelHandlers()
 
-	err := r.loop(ctx)
-	r.shutdown()
+	err := sv.loop(ctx)
+	sv.shutdown()
 	var fatal *fatalError
 	if errors.As(err, &fatal) {
 		return fatal.err
@@ -164,8 +169,10 @@ func (l *Listener) Run(ctx context.Context) error {
 	return err
 }
 
-// run is the state of one call to Run.
-type run struct {
+// supervisor owns one call to Run: it dials and redials, serves each
+// connection, and at shutdown interrupts waits and waits in turn for every
+// goroutine it started.
+type supervisor struct {
 	l              *Listener
 	ctx            context.Context // Run's: done means shut down
 	handlerCtx     context.Context
@@ -175,8 +182,8 @@ type run struct {
 	consumers      sync.WaitGroup // every consumer goroutine, old connections' included
 }
 
-func (r *run) loop(ctx context.Context) error {
-	l := r.l
+func (sv *supervisor) loop(ctx context.Context) error {
+	l := sv.l
 	redial := amqpconn.NewRedialer()
 	for {
 		if ctx.Err() != nil {
@@ -185,7 +192,7 @@ func (r *run) loop(ctx context.Context) error {
 		conn, err := l.dial(ctx)
 		if err == nil {
 			redial.Reset()
-			err = r.serve(ctx, conn)
+			err = sv.serve(ctx, conn)
 		}
 		switch {
 		case ctx.Err() != nil, err == nil:
@@ -203,25 +210,25 @@ func (r *run) loop(ctx context.Context) error {
 
 // shutdown ends every consumer: waits are interrupted at once, running
 // handlers get the shutdown timeout, then their context is cancelled.
-func (r *run) shutdown() {
-	r.interruptOnce.Do(func() { close(r.interrupt) })
+func (sv *supervisor) shutdown() {
+	sv.interruptOnce.Do(func() { close(sv.interrupt) })
 	done := make(chan struct{})
-	go func() { r.consumers.Wait(); close(done) }()
-	timer := time.NewTimer(r.l.cfg.shutdownTimeout)
+	go func() { sv.consumers.Wait(); close(done) }()
+	timer := time.NewTimer(sv.l.cfg.shutdownTimeout)
 	defer timer.Stop()
 	select {
 	case <-done:
 		return
 	case <-timer.C:
 	}
-	r.l.cfg.logger.Warn("listener: handlers still running after the shutdown timeout; cancelling their context", "queue", r.l.queue, "timeout", r.l.cfg.shutdownTimeout)
-	r.cancelHandlers()
+	sv.l.cfg.logger.Warn("listener: handlers still running after the shutdown timeout; cancelling their context", "queue", sv.l.queue, "timeout", sv.l.cfg.shutdownTimeout)
+	sv.cancelHandlers()
 	for {
 		select {
 		case <-done:
 			return
 		case <-time.After(5 * time.Second):
-			r.l.cfg.logger.Error("listener: a handler ignores its cancelled context; Run waits for it", "queue", r.l.queue, "in_flight", r.l.Stats().InFlight)
+			sv.l.cfg.logger.Error("listener: a handler ignores its cancelled context; Run waits for it", "queue", sv.l.queue, "in_flight", sv.l.Stats().InFlight)
 		}
 	}
 }

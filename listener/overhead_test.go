@@ -9,7 +9,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/amqpretry/amqpretry/internal/telemetry"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -40,11 +39,11 @@ func BenchmarkDeliveryOverhead(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			r := &run{l: l, ctx: context.Background(), interrupt: make(chan struct{})}
-			r.handlerCtx, r.cancelHandlers = context.WithCancel(context.Background())
-			defer r.cancelHandlers()
-			c := &consumer{r: r, gate: make(chan struct{}, 1)}
-			c.ctx = telemetry.With(middleware.WithQueue(middleware.WithInterrupt(r.handlerCtx, r.interrupt), "q"), l.tel)
+			sv := &supervisor{l: l, ctx: context.Background(), interrupt: make(chan struct{})}
+			sv.handlerCtx, sv.cancelHandlers = context.WithCancel(context.Background())
+			defer sv.cancelHandlers()
+			c := &consumer{sv: sv, gate: make(chan struct{}, 1)}
+			c.ctx = sv.chainContext(sv.handlerCtx)
 			c.handle = l.mw(c.gated(middleware.CatchPanics()(handler)))
 			b.ReportAllocs()
 			for b.Loop() {

@@ -17,8 +17,8 @@ import (
 // serve consumes on one connection until ctx is done (it then shuts down and
 // returns nil), the connection is lost (it returns the loss), or something
 // fatal happens.
-func (r *run) serve(ctx context.Context, conn *amqpconn.Conn) error {
-	l := r.l
+func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
+	l := sv.l
 	if ctx.Err() != nil {
 		conn.Abandon()
 		return nil
@@ -30,10 +30,10 @@ func (r *run) serve(ctx context.Context, conn *amqpconn.Conn) error {
 	defer conn.Close()
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 
-	if err := r.declare(conn.Connection); err != nil {
+	if err := sv.declare(conn.Connection); err != nil {
 		return err
 	}
-	s := &session{r: r, conn: conn.Connection, ended: make(chan *consumer, l.cfg.max)}
+	s := &session{sv: sv, conn: conn.Connection, ended: make(chan *consumer, l.cfg.max)}
 	s.restart = backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(500*time.Millisecond),
 		backoff.WithMaxInterval(30*time.Second),
@@ -52,8 +52,8 @@ func (r *run) serve(ctx context.Context, conn *amqpconn.Conn) error {
 			for _, c := range s.active {
 				c.stop()
 			}
-			r.interruptOnce.Do(func() { close(r.interrupt) })
-			r.shutdown() // the connection stays open until in-flight deliveries are settled
+			sv.interruptOnce.Do(func() { close(sv.interrupt) })
+			sv.shutdown() // the connection stays open until in-flight deliveries are settled
 			return nil
 		case err := <-connClosed:
 			conn.Abandon()
@@ -76,8 +76,8 @@ func (r *run) serve(ctx context.Context, conn *amqpconn.Conn) error {
 }
 
 // declare runs the user's declarations on a channel of their own.
-func (r *run) declare(conn *amqp.Connection) error {
-	if r.l.cfg.declare == nil {
+func (sv *supervisor) declare(conn *amqp.Connection) error {
+	if sv.l.cfg.declare == nil {
 		return nil
 	}
 	ch, err := conn.Channel()
@@ -85,19 +85,19 @@ func (r *run) declare(conn *amqp.Connection) error {
 		return err
 	}
 	defer ch.Close()
-	if err := r.l.cfg.declare(ch); err != nil {
+	if err := sv.l.cfg.declare(ch); err != nil {
 		var aerr *amqp.Error
 		if errors.As(err, &aerr) && (aerr.Code == amqp.PreconditionFailed || aerr.Code == amqp.AccessRefused) {
-			return &fatalError{fmt.Errorf("listener: declaring for queue %q: %w", r.l.queue, err)}
+			return &fatalError{fmt.Errorf("listener: declaring for queue %q: %w", sv.l.queue, err)}
 		}
-		return fmt.Errorf("listener: declaring for queue %q: %w", r.l.queue, err)
+		return fmt.Errorf("listener: declaring for queue %q: %w", sv.l.queue, err)
 	}
 	return nil
 }
 
 // session is serve's state for one connection.
 type session struct {
-	r       *run
+	sv      *supervisor
 	conn    *amqp.Connection
 	ended   chan *consumer
 	active  []*consumer // oldest first
@@ -114,8 +114,8 @@ type session struct {
 // fillToMin starts consumers until the concurrent count is reached, backing
 // off while the queue is missing or the broker refuses.
 func (s *session) fillToMin() error {
-	l := s.r.l
-	for len(s.active) < l.cfg.min && !time.Now().Before(s.restartAt) && s.r.ctx.Err() == nil {
+	l := s.sv.l
+	for len(s.active) < l.cfg.min && !time.Now().Before(s.restartAt) && s.sv.ctx.Err() == nil {
 		if err := s.add(); err != nil {
 			if s.conn.IsClosed() {
 				return nil // the connection loss arrives next
@@ -129,7 +129,7 @@ func (s *session) fillToMin() error {
 				// Deleted while we ran: declare it again, once per outage.
 				s.redeclared = true
 				l.cfg.logger.Warn("listener: the queue disappeared; declaring it again", "queue", l.queue)
-				if err := s.r.declare(s.conn); err != nil {
+				if err := s.sv.declare(s.conn); err != nil {
 					return err
 				}
 				continue
@@ -150,7 +150,7 @@ func (s *session) fillToMin() error {
 }
 
 func (s *session) add() error {
-	c, err := s.r.startConsumer(s.conn, s.ended)
+	c, err := s.sv.startConsumer(s.conn, s.ended)
 	if err != nil {
 		return err
 	}
@@ -162,7 +162,7 @@ func (s *session) add() error {
 // at once when the backlog calls for it, and stops consumers above the
 // minimum that have been idle for the idle timeout.
 func (s *session) scale() {
-	l := s.r.l
+	l := s.sv.l
 	now := time.Now()
 	mono := monotime()
 	window := now.Sub(s.lastSample)
@@ -240,7 +240,7 @@ func (s *session) depth(now time.Time) (int, bool) {
 		}
 		s.control = ch
 	}
-	q, err := s.control.QueueDeclarePassive(s.r.l.queue, true, false, false, false, nil)
+	q, err := s.control.QueueDeclarePassive(s.sv.l.queue, true, false, false, false, nil)
 	if err != nil {
 		return 0, false
 	}

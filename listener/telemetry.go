@@ -14,9 +14,9 @@ import (
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
-// AttrSettlement is the process span attribute that says how the delivery
-// was settled: ack, reject or requeue.
-const AttrSettlement = "amqpretry.settlement"
+// AttrSettlement ("amqpretry.settlement") is the process span attribute that
+// says how the delivery was settled: ack, reject, requeue or release.
+const AttrSettlement = telemetry.KeySettlement
 
 // spanAttrs are the listener's fixed attributes, built once.
 type spanAttrs struct {
@@ -27,17 +27,16 @@ type spanAttrs struct {
 }
 
 func newSpanAttrs(tel *telemetry.Telemetry, queue string) spanAttrs {
-	const system, op, dest = "messaging.system", "messaging.operation.name", "messaging.destination.name"
 	return spanAttrs{
 		start: []attribute.KeyValue{
 			semconv.MessagingSystemRabbitMQ,
 			semconv.MessagingOperationTypeProcess,
-			semconv.MessagingOperationName("process"),
+			semconv.MessagingOperationName(telemetry.OperationProcess),
 			semconv.MessagingDestinationName(queue),
 		},
-		consumed: tel.Attrs(system, "rabbitmq", op, "process", dest, queue),
-		ok:       tel.Attrs(system, "rabbitmq", op, "process", dest, queue),
-		queue:    tel.Attrs(dest, queue),
+		consumed: tel.Messaging(telemetry.OperationProcess, queue, ""),
+		ok:       tel.Messaging(telemetry.OperationProcess, queue, ""),
+		queue:    tel.Attrs(telemetry.KeyDestinationName, queue),
 	}
 }
 
@@ -104,8 +103,7 @@ func (l *Listener) endProcess(ctx context.Context, span trace.Span, began int64,
 	attrs := l.attrs.ok
 	failed := s != middleware.Ack
 	if failed {
-		const system, op, dest = "messaging.system", "messaging.operation.name", "messaging.destination.name"
-		attrs = l.tel.Attrs(system, "rabbitmq", op, "process", dest, l.queue, string(semconv.ErrorTypeKey), middleware.ErrorType(err))
+		attrs = l.tel.Messaging(telemetry.OperationProcess, l.queue, middleware.ErrorType(err))
 	}
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String(AttrSettlement, s.String()))

@@ -26,7 +26,7 @@
 // what the listener does with the chain's final error:
 //
 //	nil                                   → ack
-//	ErrInterrupted (shutdown, lost link)  → requeue, never recovered
+//	ErrInterrupted (shutdown, lost link)  → release: nack with requeue, never recovered
 //	ErrReject (from recoverer.Reject)     → reject without requeue (the queue's own DLX)
 //	ErrRecoveryFailed (recoverer failed)  → requeue: the message is not safe elsewhere
 //	Permanent                             → reject without requeue (the queue's own DLX)
@@ -34,26 +34,41 @@
 //
 // # Waiting without holding a worker
 //
-// Retry waits between attempts in a select on the context, a timer and an
-// optional interrupt channel (WithInterrupt), so shutdown ends a wait at once.
-// Because Retry calls next once per attempt, a concurrency gate placed around the
-// innermost handler only, as the listener does with mw(gate(h)), is held while the
-// handler runs and released while the delivery sleeps: other deliveries use the
-// worker in the meantime, and a poison message in backoff does not block healthy
-// ones. Put nothing that must hold a worker between Retry and the handler.
+// Retry waits between attempts in a select on the context and a timer, and
+// the listener's shutdown ends a wait at once. Because Retry calls next once
+// per attempt, a concurrency gate placed around the innermost handler only, as
+// the listener does with mw(gate(h)), is held while the handler runs and
+// released while the delivery sleeps: other deliveries use the worker in the
+// meantime, and a poison message in backoff does not block healthy ones. Put
+// nothing that must hold a worker between Retry and the handler.
 //
-// Retry and Recover also call Park(ctx) before they wait (a backoff, a
+// Retry and Recover also call WillWait(ctx) before they wait (a backoff, a
 // recoverer's publish). The listener runs deliveries on the goroutine that
-// reads them and, when one parks, hands the reading to a new goroutine, so a
-// healthy message costs no goroutine and a waiting one never stalls its
-// consumer. Call Park in your own middlewares before they wait.
+// reads them and, when one is about to wait, hands the reading to a new
+// goroutine, so a healthy message costs no goroutine and a waiting one never
+// stalls its consumer. Call WillWait in your own middlewares before they wait.
 //
 // # State
 //
 // A Middleware built by Retry is immutable and safe to share; each delivery gets
 // its own execution (attempt counter, backoff state), so Retry can serve many
-// deliveries concurrently. WorstCaseWait reports how long a chain may hold one
-// delivery in backoff, which the listener compares with RabbitMQ's
-// consumer_timeout (30 minutes by default): waits longer than that belong in
-// broker-side retry tiers (package dlx), not in memory.
+// deliveries concurrently. listener.New works out how long a chain's Retries
+// may hold one delivery in backoff and refuses one that could outlast
+// RabbitMQ's consumer_timeout (30 minutes by default): waits longer than that
+// belong in broker-side retry tiers (package dlx), not in memory.
+//
+// # Your own consumer
+//
+// The listener runs the chain and settles what it returns. A program that
+// runs a chain on an amqp091 consumer of its own gives it the queue name with
+// WithQueue (recoverers write it into fault headers) and settles each
+// delivery with Settle, or reads SettlementFor.
+//
+// # Invalid arguments
+//
+// Retry, Recover and Chain panic on arguments that are wrong whatever the
+// broker says (Retry(0), an invalid option, a nil Recoverer or middleware):
+// the mistake shows at startup rather than at the first message. Retry checks
+// every option before it panics, and its message names each invalid one with
+// its value.
 package middleware

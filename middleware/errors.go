@@ -85,7 +85,7 @@ func (e *RetriesExhaustedError) Is(target error) bool { return target == ErrRetr
 func (e *RetriesExhaustedError) Unwrap() error        { return e.Last }
 
 // InterruptedError reports that processing stopped for a reason outside the
-// message: the context ended or the interrupt channel closed. It matches
+// message: the context ended or the listener began shutting down. It matches
 // ErrInterrupted and unwraps to both the reason (context.Canceled,
 // context.DeadlineExceeded or ErrInterrupted) and the last attempt's error.
 type InterruptedError struct {

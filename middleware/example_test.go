@@ -86,14 +86,6 @@ func ExampleChain() {
 	// Output: handled m-1: middleware: retries exhausted after 2 attempts: timeout
 }
 
-func ExampleWorstCaseWait() {
-	fmt.Println(middleware.WorstCaseWait(middleware.Retry(5)))
-	fmt.Println(middleware.WorstCaseWait(middleware.Retry(200)))
-	// Output:
-	// 15s
-	// 32m45s
-}
-
 func ExampleSettlementFor() {
 	for _, err := range []error{
 		nil,

@@ -32,12 +32,8 @@ func (c *FakeClock) Advance(d time.Duration) {
 }
 
 func (c *FakeClock) Wait(ctx context.Context, interrupt <-chan struct{}, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-interrupt:
-		return errInterruptSignalled
-	default:
+	if err := interrupted(ctx, interrupt); err != nil {
+		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -55,5 +51,5 @@ func (c *FakeClock) Waits() []time.Duration {
 
 // WithClock makes Retry use c instead of the system clock.
 func WithClock(c *FakeClock) RetryOption {
-	return func(p *retryPolicy) { p.clock = c }
+	return func(o *retryOptions) { o.clock = c }
 }

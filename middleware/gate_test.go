@@ -8,6 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -67,45 +68,46 @@ func TestGateIsFreeWhileRetryWaits(t *testing.T) {
 	}
 }
 
-type countingParker struct{ n int }
+type countingHook struct{ n int }
 
-func (p *countingParker) Park() { p.n++ }
+func (p *countingHook) WillWait() { p.n++ }
 
-func TestParkIsCalledBeforeEveryWait(t *testing.T) {
-	p := &countingParker{}
-	ctx := middleware.WithParker(context.Background(), p)
+func TestWillWaitIsCalledBeforeEveryWait(t *testing.T) {
+	p := &countingHook{}
+	ctx := chainctx.WithWaitHook(context.Background(), p)
 	h := &failingHandler{failures: 100, err: errBoom}
 	r := &recordingRecoverer{}
 	_ = middleware.Chain(middleware.Retry(4, middleware.WithClock(middleware.NewFakeClock())), middleware.Recover(r))(h.Handle)(ctx, &amqp.Delivery{})
 	// three backoffs, then the recoverer
 	if p.n != 4 {
-		t.Fatalf("Park called %d times, want 4 (3 waits and 1 recovery)", p.n)
+		t.Fatalf("WillWait called %d times, want 4 (3 waits and 1 recovery)", p.n)
 	}
 	p.n = 0
 	_ = middleware.Chain(middleware.Retry(4), middleware.Recover(r))(func(context.Context, *amqp.Delivery) error { return nil })(ctx, &amqp.Delivery{})
 	if p.n != 0 {
-		t.Fatalf("Park called %d times on success, want 0", p.n)
+		t.Fatalf("WillWait called %d times on success, want 0", p.n)
 	}
-	middleware.Park(context.Background()) // no Parker: nothing happens
+	middleware.WillWait(context.Background()) // no hook: nothing happens
 }
 
-// A context type of one's own can carry the Parker without WithParker.
-type parkingContext struct {
+// A context type of one's own (the listener's) can carry the hook without
+// WithWaitHook.
+type hookContext struct {
 	context.Context
-	p middleware.Parker
+	p chainctx.WaitHook
 }
 
-func (c parkingContext) Value(key any) any {
-	if key == middleware.ParkerKey() {
+func (c hookContext) Value(key any) any {
+	if key == chainctx.WaitHookKey {
 		return c.p
 	}
 	return c.Context.Value(key)
 }
 
-func TestParkerKey(t *testing.T) {
-	p := &countingParker{}
-	middleware.Park(parkingContext{context.Background(), p})
+func TestWaitHookKey(t *testing.T) {
+	p := &countingHook{}
+	middleware.WillWait(hookContext{context.Background(), p})
 	if p.n != 1 {
-		t.Fatalf("Park called the Parker %d times, want 1", p.n)
+		t.Fatalf("WillWait called the hook %d times, want 1", p.n)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
@@ -45,67 +46,61 @@ func Recover(r Recoverer) Middleware {
 	return func(next Handler) Handler {
 		return func(ctx context.Context, d *amqp.Delivery) error {
 			err := next(ctx, d)
-			if err == nil || errors.Is(err, ErrInterrupted) || d == probeDelivery {
-				return err // WorstCaseWait's dry run never reaches a recoverer
+			if err == nil || errors.Is(err, ErrInterrupted) || d == chainctx.ProbeDelivery {
+				return err // the listener's dry run (New's consumer-timeout check) never reaches a recoverer
 			}
 			if cerr := ctx.Err(); cerr != nil {
 				return &InterruptedError{Attempt: Attempt(ctx), Reason: cerr, Last: err}
 			}
 			select {
-			case <-interruptFrom(ctx): // shutting down: requeue, never the DLQ
+			case <-chainctx.Interrupt(ctx): // shutting down: requeue, never the DLQ
 				return &InterruptedError{Attempt: Attempt(ctx), Reason: errInterruptSignalled, Last: err}
 			default:
 			}
 			if willRetry(ctx, err) {
 				return err
 			}
-			Park(ctx) // a recoverer does I/O, which may wait out an outage
+			WillWait(ctx) // a recoverer does I/O, which may wait out an outage
 			rerr := r.Recover(ctx, d, err)
 			switch {
 			case rerr == nil:
-				recorded(ctx, outcomeRecovered, nil)
+				recorded(ctx, telemetry.OutcomeRecovered, nil)
 				if ac, ok := ctx.Value(attemptKey).(*attemptContext); ok {
 					ac.exec.recovered = true // the Retry around reports the attempt as recovered
 				}
 				return nil
 			case errors.Is(rerr, ErrReject):
-				recorded(ctx, outcomeRejected, nil)
+				recorded(ctx, telemetry.OutcomeRejected, nil)
 				return fmt.Errorf("%w; handler error: %w", rerr, err)
 			default:
-				recorded(ctx, outcomeRecoveryFailed, rerr)
+				recorded(ctx, telemetry.OutcomeRecoveryFailed, rerr)
 				return &RecoveryError{Err: rerr, Cause: err}
 			}
 		}
 	}
 }
 
-// WithQueue records the queue a delivery came from; amqp.Delivery does not
-// carry it. The listener sets it, and recoverers write it into fault headers.
+// WithQueue records the queue a delivery came from, which amqp.Delivery does
+// not carry, for the recoverers of the chain (recoverer.Republish writes it
+// into the fault headers). The listener does it for you; call it when you
+// run a chain on an amqp091 consumer of your own.
 func WithQueue(ctx context.Context, queue string) context.Context {
-	return context.WithValue(ctx, queueKey, queue)
+	return chainctx.WithQueue(ctx, queue)
 }
 
-// Queue returns the queue recorded by WithQueue, or "".
-func Queue(ctx context.Context) string {
-	q, _ := ctx.Value(queueKey).(string)
-	return q
-}
-
-// Outcomes of amqpretry.recoveries and of the span event Recover adds.
-const (
-	outcomeRejected       = "rejected"
-	outcomeRecoveryFailed = "failed"
-)
+// Queue returns the queue the delivery came from, for a Recoverer of your
+// own, or "" when nobody called WithQueue.
+func Queue(ctx context.Context) string { return chainctx.Queue(ctx) }
 
 // recorded counts a recovery and notes it on the current span: an attempt's
 // from the second attempt on, else the delivery's process span.
-func recorded(ctx context.Context, outcome string, err error) {
+func recorded(ctx context.Context, outcome telemetry.Outcome, err error) {
 	tel := telemetry.From(ctx)
-	tel.Recoveries.Add(ctx, 1, tel.Attrs("messaging.destination.name", Queue(ctx), AttrOutcome, outcome).Add...)
+	tel.Recoveries.Add(ctx, 1, tel.ForQueue(chainctx.Queue(ctx)).Outcome(outcome).Add...)
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		attrs := []attribute.KeyValue{attribute.String(AttrOutcome, outcome)}
+		attrs := []attribute.KeyValue{outcome.Attr()}
 		if err != nil {
-			attrs = append(attrs, attribute.String("exception.message", err.Error()))
+			attrs = append(attrs, attribute.String(telemetry.KeyExceptionMessage, err.Error()))
 		}
 		span.AddEvent("recovery", trace.WithAttributes(attrs...))
 	}

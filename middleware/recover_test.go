@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -143,7 +144,7 @@ func TestRecoverNeverRecoversInterruptions(t *testing.T) {
 		chain := middleware.Chain(middleware.Recover(r), middleware.Retry(5, middleware.WithInitialInterval(time.Hour), middleware.WithMaxInterval(time.Hour)), middleware.Recover(r))
 		done := make(chan error, 1)
 		go func() {
-			done <- chain(h.Handle)(middleware.WithInterrupt(context.Background(), interrupt), &amqp.Delivery{})
+			done <- chain(h.Handle)(chainctx.WithInterrupt(context.Background(), interrupt), &amqp.Delivery{})
 		}()
 		time.Sleep(20 * time.Millisecond)
 		close(interrupt)
@@ -174,10 +175,10 @@ func TestRecovererAsksToReject(t *testing.T) {
 }
 
 func TestQueueInContext(t *testing.T) {
-	if q := middleware.Queue(context.Background()); q != "" {
+	if q := chainctx.Queue(context.Background()); q != "" {
 		t.Errorf("Queue without WithQueue = %q", q)
 	}
-	if q := middleware.Queue(middleware.WithQueue(context.Background(), "orders")); q != "orders" {
+	if q := chainctx.Queue(middleware.WithQueue(context.Background(), "orders")); q != "orders" {
 		t.Errorf("Queue = %q, want orders", q)
 	}
 }

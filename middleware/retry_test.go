@@ -13,6 +13,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -66,8 +67,8 @@ func TestRetryAttempts(t *testing.T) {
 			if !tt.wantExhaust && (!errors.Is(err, tt.err) || err.Error() != tt.err.Error()) {
 				t.Errorf("err = %v, want the handler's error, reading the same", err)
 			}
-			if n, ok := middleware.Attempts(err); !ok || n != tt.wantCalls {
-				t.Errorf("Attempts(err) = %d, %v; want %d", n, ok, tt.wantCalls)
+			if n, ok := middleware.AttemptsMade(err); !ok || n != tt.wantCalls {
+				t.Errorf("AttemptsMade(err) = %d, %v; want %d", n, ok, tt.wantCalls)
 			}
 		})
 	}
@@ -263,7 +264,7 @@ func TestRetryCancelEndsWaitAtOnce(t *testing.T) {
 
 func TestRetryInterruptEndsWaitButNotHandlers(t *testing.T) {
 	interrupt := make(chan struct{})
-	ctx := middleware.WithInterrupt(context.Background(), interrupt)
+	ctx := chainctx.WithInterrupt(context.Background(), interrupt)
 	h := &failingHandler{failures: 1000, err: errBoom}
 	done := make(chan error, 1)
 	go func() {
@@ -339,10 +340,10 @@ func TestAttemptsAfterAnEarlyStop(t *testing.T) {
 		return middleware.Permanent(errBoom)
 	}
 	err := middleware.Retry(5, middleware.WithClock(middleware.NewFakeClock()))(permanentOnThird)(context.Background(), &amqp.Delivery{})
-	if n, ok := middleware.Attempts(err); !ok || n != 3 || !middleware.IsPermanent(err) {
+	if n, ok := middleware.AttemptsMade(err); !ok || n != 3 || !middleware.IsPermanent(err) {
 		t.Fatalf("Attempts = %d, %v (err %v); want 3 attempts and the error still permanent", n, ok, err)
 	}
-	if _, ok := middleware.Attempts(errBoom); ok {
+	if _, ok := middleware.AttemptsMade(errBoom); ok {
 		t.Error("Attempts found a count in an error that never went through Retry")
 	}
 }
@@ -384,6 +385,15 @@ func TestRetryInvalidArguments(t *testing.T) {
 			middleware.Retry(tt.max, tt.opts...)
 		})
 	}
+}
+
+// Several mistakes are named together, not one per run: the checks of the
+// arguments first, then the options whose argument alone is wrong.
+func TestRetryNamesEveryInvalidArgument(t *testing.T) {
+	defer expectPanic(t, "middleware: Retry expects maxAttempts >= 1, got 0\n"+
+		"middleware: WithJitter expects a factor between 0 and 1, got 1.5\n"+
+		"middleware: RetryIf expects a non-nil function")
+	middleware.Retry(0, middleware.RetryIf(nil), middleware.WithJitter(1.5))
 }
 
 // The default schedule in real time: Retry(6) waits 1s, 2s, 4s, 8s, 10s.

@@ -6,39 +6,17 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/chainctx"
 )
 
-// WorstCaseWait reports the longest time the chain mw may keep one delivery
-// waiting between attempts, handler time not included: the sum of every
-// Retry's delays at their largest (jitter included), bounded by
-// WithMaxElapsedTime, and multiplied through nested Retries.
-//
-// It finds the Retries by calling the chain once over an empty delivery with a
-// handler that succeeds at once; Retry and Recover recognise the probe and do
-// nothing else. Other middlewares run as they would for a message handled on
-// the first attempt, and one that does not call next hides the Retries below
-// it.
-func WorstCaseWait(mw Middleware) time.Duration {
-	if mw == nil {
-		return 0
-	}
-	pr := &probe{}
-	h := mw(func(context.Context, *amqp.Delivery) error { return nil })
-	_ = h(context.WithValue(context.Background(), probeKey, pr), probeDelivery)
-	return pr.wait
-}
-
-// probeDelivery identifies WorstCaseWait's dry run by pointer, so the hot
-// path pays a pointer comparison rather than a context lookup.
-var probeDelivery = &amqp.Delivery{}
-
-type probe struct{ wait time.Duration }
-
-func (p *retryPolicy) runProbe(ctx context.Context, pr *probe, d *amqp.Delivery, next Handler) error {
-	inner := &probe{}
-	err := next(context.WithValue(ctx, probeKey, inner), d)
+// runProbe is Retry's part in chainctx.WorstCaseWait's dry run: its own
+// worst case, plus the chain's below it on every attempt.
+func (p *retryPolicy) runProbe(ctx context.Context, pr *chainctx.Probe, d *amqp.Delivery, next Handler) error {
+	inner := &chainctx.Probe{}
+	err := next(chainctx.WithProbe(ctx, inner), d)
 	// Every attempt may spend the inner chain's worst case waiting as well.
-	pr.wait = addSaturating(pr.wait, addSaturating(p.worstCaseWait(), mulSaturating(inner.wait, p.maxAttempts)))
+	pr.Wait = addSaturating(pr.Wait, addSaturating(p.worstCaseWait(), mulSaturating(inner.Wait, p.maxAttempts)))
 	return err
 }
 

@@ -8,8 +8,30 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware"
 )
+
+// worstCaseWait runs the dry run over mw as listener.New does.
+func worstCaseWait(mw middleware.Middleware) time.Duration {
+	if mw == nil {
+		return 0
+	}
+	return chainctx.WorstCaseWait(mw(func(context.Context, *amqp.Delivery) error { return nil }))
+}
+
+// Retry(5) may hold a delivery 15s; Retry(200), 32m45s, past RabbitMQ's
+// default consumer_timeout of 30 minutes.
+func TestWorstCaseWaitOfDefaultRetries(t *testing.T) {
+	for _, tt := range []struct {
+		attempts int
+		want     string
+	}{{5, "15s"}, {200, "32m45s"}} {
+		if got := worstCaseWait(middleware.Retry(tt.attempts)).String(); got != tt.want {
+			t.Errorf("worst case of Retry(%d) = %s, want %s", tt.attempts, got, tt.want)
+		}
+	}
+}
 
 func TestWorstCaseWait(t *testing.T) {
 	s := time.Second
@@ -45,7 +67,7 @@ func TestWorstCaseWait(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := middleware.WorstCaseWait(tt.mw); got != tt.want {
+			if got := worstCaseWait(tt.mw); got != tt.want {
 				t.Errorf("WorstCaseWait = %v, want %v", got, tt.want)
 			}
 		})
@@ -55,7 +77,7 @@ func TestWorstCaseWait(t *testing.T) {
 	validate := func(middleware.Handler) middleware.Handler {
 		return func(context.Context, *amqp.Delivery) error { return errBoom }
 	}
-	_ = middleware.WorstCaseWait(middleware.Chain(middleware.Retry(3), middleware.Recover(r), validate))
+	_ = worstCaseWait(middleware.Chain(middleware.Retry(3), middleware.Recover(r), validate))
 	if r.Calls() != 0 || hooked != 0 {
 		t.Errorf("the probe recovered %d and hooked %d times, want neither", r.Calls(), hooked)
 	}

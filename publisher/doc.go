@@ -23,4 +23,11 @@
 // context is written into a copy of the message's headers (traceparent), and
 // is counted in messaging.client.sent.messages and
 // messaging.client.operation.duration (until the confirm).
+//
+// # Invalid options
+//
+// New checks the URL and every option before it dials, and one error names
+// each problem with its value (errors.Join), rather than the first alone.
+// A broker it cannot reach, or that refuses the login, fails New too, so that
+// a misconfiguration shows at startup. Nothing in the package panics.
 package publisher

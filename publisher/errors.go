@@ -51,7 +51,11 @@ func (e *ExchangeNotFoundError) Error() string {
 }
 
 // ChannelError: the broker closed the channel with an exception while the
-// message was unconfirmed, and publishing again hit the same exception.
+// message was unconfirmed, and the exception is put down to the message: the
+// broker's text names its user-id (406, at once), or the channels it was
+// published on kept closing with exceptions when it was published again (a
+// message over RabbitMQ 4's 16 MiB max_message_size, say). Code and Reason
+// are the last exception's.
 type ChannelError struct {
 	Exchange string
 	Code     int
@@ -62,8 +66,10 @@ func (e *ChannelError) Error() string {
 	return fmt.Sprintf("publisher: the broker closed the channel publishing to exchange %q (%d %s)", e.Exchange, e.Code, e.Reason)
 }
 
-// notConfirmed wraps why a confirm did not arrive; it matches
-// ErrNotConfirmed and the cause (a context error, for instance).
+// notConfirmedError says why no confirm arrived: the context ended, the
+// confirm timeout passed, no connection came back in time, or sends kept
+// failing. It matches ErrNotConfirmed and unwraps to the cause (a context
+// error, for instance).
 type notConfirmedError struct {
 	exchange, key string
 	cause         error

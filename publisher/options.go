@@ -10,7 +10,8 @@ import (
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
-// Option configures New.
+// Option configures New. An invalid value makes New fail with an error that
+// names the option and the value.
 type Option func(*config)
 
 type config struct {
@@ -21,6 +22,11 @@ type config struct {
 	closeTimeout   time.Duration
 	telemetry      telemetry.Config
 	errs           []error
+}
+
+// fail records an invalid option; New reports every one.
+func (cfg *config) fail(format string, args ...any) {
+	cfg.errs = append(cfg.errs, fmt.Errorf("publisher: "+format, args...))
 }
 
 func defaultConfig() config {
@@ -48,7 +54,7 @@ func WithTLS(c *tls.Config) Option {
 func WithConfirmTimeout(d time.Duration) Option {
 	return func(cfg *config) {
 		if d <= 0 {
-			cfg.errs = append(cfg.errs, fmt.Errorf("publisher: WithConfirmTimeout expects a duration > 0, got %v", d))
+			cfg.fail("WithConfirmTimeout expects a duration > 0, got %v", d)
 		}
 		cfg.confirmTimeout = d
 	}
@@ -60,7 +66,7 @@ func WithConfirmTimeout(d time.Duration) Option {
 func WithChannels(n int) Option {
 	return func(cfg *config) {
 		if n < 1 || n > 256 {
-			cfg.errs = append(cfg.errs, fmt.Errorf("publisher: WithChannels expects 1 to 256 channels, got %d", n))
+			cfg.fail("WithChannels expects 1 to 256 channels, got %d", n)
 		}
 		cfg.channels = n
 	}
@@ -71,7 +77,7 @@ func WithChannels(n int) Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(cfg *config) {
 		if l == nil {
-			cfg.errs = append(cfg.errs, fmt.Errorf("publisher: WithLogger expects a non-nil logger"))
+			cfg.fail("WithLogger expects a non-nil logger")
 		}
 		cfg.logger = l
 	}
@@ -82,7 +88,7 @@ func WithLogger(l *slog.Logger) Option {
 func WithHeartbeat(d time.Duration) Option {
 	return func(cfg *config) {
 		if d < time.Second {
-			cfg.errs = append(cfg.errs, fmt.Errorf("publisher: WithHeartbeat expects at least 1s, got %v", d))
+			cfg.fail("WithHeartbeat expects at least 1s, got %v", d)
 		}
 		cfg.conn.Heartbeat = d
 	}
@@ -100,7 +106,7 @@ func WithConnectionName(name string) Option {
 func WithCloseTimeout(d time.Duration) Option {
 	return func(cfg *config) {
 		if d < 0 {
-			cfg.errs = append(cfg.errs, fmt.Errorf("publisher: WithCloseTimeout expects a duration >= 0, got %v", d))
+			cfg.fail("WithCloseTimeout expects a duration >= 0, got %v", d)
 		}
 		cfg.closeTimeout = d
 	}

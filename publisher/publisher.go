@@ -26,8 +26,8 @@ type Publisher struct {
 	cfg      config
 	tel      *telemetry.Telemetry
 
-	lanes    atomic.Pointer[laneSet]
-	next     atomic.Uint32 // round robin over lanes
+	channels atomic.Pointer[channelSet]
+	next     atomic.Uint32 // round robin over channels
 	frameMax atomic.Int64
 
 	mu       sync.Mutex
@@ -42,12 +42,12 @@ type Publisher struct {
 	wg        sync.WaitGroup // the connection goroutine
 }
 
-// laneSet is an immutable snapshot of the usable lanes; changed is closed
-// when it is replaced, waking publishes that found no lane.
-type laneSet struct {
-	lanes   []*lane
-	blocked bool // the broker sent connection.blocked: do not write
-	changed chan struct{}
+// channelSet is an immutable snapshot of the usable confirm channels;
+// changed is closed when it is replaced, waking publishes that found none.
+type channelSet struct {
+	channels []*confirmChannel
+	blocked  bool // the broker sent connection.blocked: do not write
+	changed  chan struct{}
 }
 
 // New connects to the broker at url (amqp:// or amqps://) and opens its
@@ -55,11 +55,11 @@ type laneSet struct {
 // the broker cannot be reached, so that a misconfiguration surfaces at
 // startup; after that, the Publisher redials by itself.
 func New(url string, opts ...Option) (*Publisher, error) {
+	cfg := defaultConfig()
 	uri, err := amqpurl.Parse(url)
 	if err != nil {
-		return nil, fmt.Errorf("publisher: %w", err)
+		cfg.errs = append(cfg.errs, fmt.Errorf("publisher: %w", err))
 	}
-	cfg := defaultConfig()
 	for _, opt := range opts {
 		opt(&cfg)
 	}
@@ -78,22 +78,22 @@ func New(url string, opts ...Option) (*Publisher, error) {
 		tel:      telemetry.New(cfg.telemetry),
 	}
 	p.closing, p.cancel = context.WithCancel(context.Background())
-	p.lanes.Store(&laneSet{changed: make(chan struct{})})
+	p.channels.Store(&channelSet{changed: make(chan struct{})})
 
 	conn, err := p.dial()
 	if err != nil {
 		p.cancel()
 		return nil, fmt.Errorf("publisher: cannot connect to %w", err) // err names each address
 	}
-	died := make(chan *lane, cfg.channels)
-	lanes, err := openLanes(conn.Connection, cfg.channels, died)
+	died := make(chan *confirmChannel, cfg.channels)
+	channels, err := openConfirmChannels(conn.Connection, cfg.channels, died)
 	if err != nil {
 		conn.Abandon()
 		p.cancel()
 		return nil, fmt.Errorf("publisher: cannot open confirm channels on %s: %w", p.redacted, err)
 	}
 	p.wg.Add(1)
-	go p.run(conn, lanes, died)
+	go p.run(conn, channels, died)
 	return p, nil
 }
 
@@ -118,15 +118,15 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 
 	exceptions, sendFailures := 0, 0
 	for {
-		l, err := p.pickLane(ctx, exchange, key)
+		cc, err := p.pickChannel(ctx, exchange, key)
 		if err != nil {
 			return err
 		}
-		f, err := l.send(ctx, exchange, key, &msg)
+		f, err := cc.send(ctx, exchange, key, &msg)
 		if err == nil {
-			err = p.await(ctx, l, f)
+			err = p.await(ctx, cc, f)
 		}
-		var lost *errLaneLost
+		var lost *channelLostError
 		switch {
 		case err == nil:
 			return nil
@@ -187,31 +187,31 @@ func (p *Publisher) check(exchange, key string, msg *amqp.Publishing) error {
 	return nil
 }
 
-func (p *Publisher) await(ctx context.Context, l *lane, f *inflight) error {
+func (p *Publisher) await(ctx context.Context, cc *confirmChannel, f *inflight) error {
 	timer := time.NewTimer(p.cfg.confirmTimeout)
 	defer timer.Stop()
 	select {
 	case err := <-f.result:
 		return err
 	case <-ctx.Done():
-		l.forget(f.tag)
+		cc.forget(f.tag)
 		return &notConfirmedError{exchange: f.exchange, key: f.key, cause: ctx.Err()}
 	case <-timer.C:
-		l.forget(f.tag)
+		cc.forget(f.tag)
 		return &notConfirmedError{exchange: f.exchange, key: f.key, cause: fmt.Errorf("no confirm within %v (WithConfirmTimeout)", p.cfg.confirmTimeout)}
 	}
 }
 
-// pickLane returns a live lane, waiting for one during an outage or while the
-// broker blocks publishing (a memory or disk alarm).
-func (p *Publisher) pickLane(ctx context.Context, exchange, key string) (*lane, error) {
+// pickChannel returns a live confirm channel, waiting for one during an
+// outage or while the broker blocks publishing (a memory or disk alarm).
+func (p *Publisher) pickChannel(ctx context.Context, exchange, key string) (*confirmChannel, error) {
 	for {
-		set := p.lanes.Load()
-		if n := len(set.lanes); n > 0 && !set.blocked {
+		set := p.channels.Load()
+		if n := len(set.channels); n > 0 && !set.blocked {
 			start := int(p.next.Add(1))
 			for i := range n {
-				if l := set.lanes[(start+i)%n]; l.alive() {
-					return l, nil
+				if cc := set.channels[(start+i)%n]; cc.alive() {
+					return cc, nil
 				}
 			}
 		}
@@ -287,41 +287,41 @@ func (p *Publisher) dial() (*amqpconn.Conn, error) {
 	return conn, nil
 }
 
-func openLanes(conn *amqp.Connection, n int, died chan<- *lane) ([]*lane, error) {
-	lanes := make([]*lane, 0, n)
+func openConfirmChannels(conn *amqp.Connection, n int, died chan<- *confirmChannel) ([]*confirmChannel, error) {
+	channels := make([]*confirmChannel, 0, n)
 	for range n {
-		l, err := openLane(conn, died)
+		cc, err := openConfirmChannel(conn, died)
 		if err != nil {
-			for _, l := range lanes {
-				l.close()
+			for _, cc := range channels {
+				cc.close()
 			}
 			return nil, err
 		}
-		lanes = append(lanes, l)
+		channels = append(channels, cc)
 	}
-	return lanes, nil
+	return channels, nil
 }
 
 // run owns the connection: it serves one connection until it is lost, then
 // redials with backoff, until Close.
-func (p *Publisher) run(conn *amqpconn.Conn, lanes []*lane, died chan *lane) {
+func (p *Publisher) run(conn *amqpconn.Conn, channels []*confirmChannel, died chan *confirmChannel) {
 	defer p.wg.Done()
 	redial := amqpconn.NewRedialer()
 	for {
-		loss := p.serve(conn, lanes, died)
+		loss := p.serve(conn, channels, died)
 		if loss == nil {
 			return // closing
 		}
 		p.noteLoss(loss)
 		p.cfg.logger.Warn("publisher: connection lost; redialing", "url", p.redacted, "error", loss)
-		if conn, lanes, died = p.redial(redial); conn == nil {
+		if conn, channels, died = p.redial(redial); conn == nil {
 			return // closing
 		}
 		p.cfg.logger.Info("publisher: reconnected", "url", p.redacted)
 	}
 }
 
-func (p *Publisher) redial(redial *amqpconn.Redialer) (*amqpconn.Conn, []*lane, chan *lane) {
+func (p *Publisher) redial(redial *amqpconn.Redialer) (*amqpconn.Conn, []*confirmChannel, chan *confirmChannel) {
 	redial.Reset()
 	for {
 		if amqpconn.Sleep(p.closing, redial.Next()) != nil {
@@ -329,10 +329,10 @@ func (p *Publisher) redial(redial *amqpconn.Redialer) (*amqpconn.Conn, []*lane, 
 		}
 		conn, err := p.dial()
 		if err == nil {
-			died := make(chan *lane, p.cfg.channels)
-			lanes, lerr := openLanes(conn.Connection, p.cfg.channels, died)
+			died := make(chan *confirmChannel, p.cfg.channels)
+			channels, lerr := openConfirmChannels(conn.Connection, p.cfg.channels, died)
 			if lerr == nil {
-				return conn, lanes, died
+				return conn, channels, died
 			}
 			conn.Abandon()
 			err = lerr
@@ -351,24 +351,25 @@ func (p *Publisher) noteLoss(err error) {
 	p.mu.Unlock()
 }
 
-// serve publishes through the lanes of one connection, replacing a lane whose
-// channel the broker closed (a publish to a missing exchange, say). It
+// serve publishes through the confirm channels of one connection, replacing
+// one that the broker closed (a publish to a missing exchange, say). It
 // returns the connection's loss, or nil when the Publisher is closing.
 //
-// Each lane reports its death once on died, which holds one report per lane,
-// so a watcher never blocks on it even after serve has returned.
-func (p *Publisher) serve(conn *amqpconn.Conn, lanes []*lane, died chan *lane) error {
+// Each confirm channel reports its death once on died, which holds one
+// report per channel, so a watcher never blocks on it even after serve has
+// returned.
+func (p *Publisher) serve(conn *amqpconn.Conn, channels []*confirmChannel, died chan *confirmChannel) error {
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	blockings := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	blocked := false
-	p.install(lanes, blocked)
+	p.install(channels, blocked)
 	defer func() {
 		// A write stuck in the socket would keep amqp091's shutdown, and so
-		// the lanes, from ever finishing: close the socket first.
+		// the channels, from ever finishing: close the socket first.
 		conn.Abandon()
 		p.install(nil, false)
-		for _, l := range lanes {
-			l.close()
+		for _, cc := range channels {
+			cc.close()
 		}
 	}()
 	watchdog := time.NewTicker(time.Second)
@@ -389,26 +390,26 @@ func (p *Publisher) serve(conn *amqpconn.Conn, lanes []*lane, died chan *lane) e
 		case b := <-blockings:
 			blocked = b.Active
 			p.cfg.logger.Warn("publisher: the broker blocked or unblocked publishing", "url", p.redacted, "blocked", b.Active, "reason", b.Reason)
-			p.install(lanes, blocked)
+			p.install(channels, blocked)
 		case now := <-watchdog.C:
 			// A send stuck in a socket write for two heartbeats means the
 			// connection is dead in all but name: close it, which frees the
 			// writer, and redial.
-			for _, l := range lanes {
-				if stall := l.stalledFor(now); stall > 2*p.cfg.conn.Heartbeat && !blocked {
+			for _, cc := range channels {
+				if stall := cc.stalledFor(now); stall > 2*p.cfg.conn.Heartbeat && !blocked {
 					p.cfg.logger.Warn("publisher: a write has been stuck; closing the connection", "url", p.redacted, "stuck_for", stall)
 					return fmt.Errorf("a write was stuck for %v", stall)
 				}
 			}
 		case dead := <-died:
-			lanes = slices.DeleteFunc(lanes, func(l *lane) bool { return l == dead })
+			channels = slices.DeleteFunc(channels, func(cc *confirmChannel) bool { return cc == dead })
 			missing++
-			p.install(lanes, blocked)
+			p.install(channels, blocked)
 		case <-retry:
 			retry = nil
 		}
 		for ; missing > 0 && !conn.IsClosed(); missing-- {
-			l, err := openLane(conn.Connection, died)
+			cc, err := openConfirmChannel(conn.Connection, died)
 			if err != nil {
 				p.cfg.logger.Warn("publisher: cannot reopen a confirm channel; retrying", "url", p.redacted, "error", err)
 				if retry == nil {
@@ -416,16 +417,16 @@ func (p *Publisher) serve(conn *amqpconn.Conn, lanes []*lane, died chan *lane) e
 				}
 				break
 			}
-			lanes = append(lanes, l)
-			p.install(lanes, blocked)
+			channels = append(channels, cc)
+			p.install(channels, blocked)
 		}
 	}
 }
 
-// install publishes a new snapshot of the usable lanes and wakes publishes
+// install publishes a new snapshot of the usable channels and wakes publishes
 // waiting for one.
-func (p *Publisher) install(lanes []*lane, blocked bool) {
-	next := &laneSet{lanes: slices.Clone(lanes), blocked: blocked, changed: make(chan struct{})}
-	old := p.lanes.Swap(next)
+func (p *Publisher) install(channels []*confirmChannel, blocked bool) {
+	next := &channelSet{channels: slices.Clone(channels), blocked: blocked, changed: make(chan struct{})}
+	old := p.channels.Swap(next)
 	close(old.changed)
 }

@@ -13,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
 // WithTracerProvider sets where the publish (PRODUCER) spans go. Default: the
@@ -53,7 +55,7 @@ func (p *Publisher) startSend(ctx context.Context, exchange, key string, msg *am
 		trace.WithAttributes(
 			semconv.MessagingSystemRabbitMQ,
 			semconv.MessagingOperationTypeSend,
-			semconv.MessagingOperationName("send"),
+			semconv.MessagingOperationName(telemetry.OperationSend),
 			semconv.MessagingDestinationName(dest),
 			semconv.MessagingRabbitMQDestinationRoutingKey(key),
 			semconv.MessagingMessageBodySize(len(msg.Body)),
@@ -85,11 +87,10 @@ func (p *Publisher) startSend(ctx context.Context, exchange, key string, msg *am
 
 // endSend closes the span and records the outcome.
 func (p *Publisher) endSend(ctx context.Context, span trace.Span, began time.Time, exchange string, err error) {
-	const system, op, dest = "messaging.system", "messaging.operation.name", "messaging.destination.name"
-	attrs := p.tel.Attrs(system, "rabbitmq", op, "send", dest, destination(exchange))
+	attrs := p.tel.Messaging(telemetry.OperationSend, destination(exchange), "")
 	if err != nil {
 		kind := publishErrorType(err)
-		attrs = p.tel.Attrs(system, "rabbitmq", op, "send", dest, destination(exchange), string(semconv.ErrorTypeKey), kind)
+		attrs = p.tel.Messaging(telemetry.OperationSend, destination(exchange), kind)
 		if span.IsRecording() {
 			span.SetStatus(codes.Error, err.Error())
 			span.SetAttributes(semconv.ErrorTypeKey.String(kind))

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/amqptable"
+	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
 )
@@ -142,7 +143,7 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	exchange, key := originalDestination(d)
 	headers[HeaderOriginalExchange] = exchange
 	headers[HeaderOriginalRoutingKey] = key
-	headers[p+SuffixOriginalQueue] = middleware.Queue(ctx)
+	headers[p+SuffixOriginalQueue] = chainctx.Queue(ctx)
 	headers[p+SuffixErrorType] = ErrorType(cause)
 	headers[p+SuffixAttempts] = int64(Attempts(ctx, cause))
 	headers[p+SuffixFailedAt] = time.Now().UTC().Format(time.RFC3339Nano)
@@ -208,7 +209,7 @@ func ErrorType(err error) string { return middleware.ErrorType(err) }
 // Attempts is the number of attempts made: from Retry's error when Recover
 // sits outside Retry, else from the attempt in progress.
 func Attempts(ctx context.Context, cause error) int {
-	if n, ok := middleware.Attempts(cause); ok {
+	if n, ok := middleware.AttemptsMade(cause); ok {
 		return n
 	}
 	return middleware.Attempt(ctx)

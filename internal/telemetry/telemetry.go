@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
@@ -24,10 +23,20 @@ type Config struct {
 }
 
 // Telemetry is a tracer, the propagators and the library's instruments.
+// Its two halves come from different providers and may be combined: a
+// Retry with a meter provider of its own traces with the listener's tracer
+// (see Combine).
 type Telemetry struct {
 	Tracer      trace.Tracer
 	Propagators propagation.TextMapPropagator
+	*Metrics
 
+	noopUntil atomic.Int64 // monotonic nanos since epoch: no root span is worth starting before then
+}
+
+// Metrics are the library's instruments, with the attribute sets they are
+// recorded with.
+type Metrics struct {
 	ProcessDuration   messagingconv.ProcessDuration         // messaging.process.duration
 	Consumed          messagingconv.ClientConsumedMessages  // messaging.client.consumed.messages
 	Sent              messagingconv.ClientSentMessages      // messaging.client.sent.messages
@@ -37,8 +46,6 @@ type Telemetry struct {
 	Recoveries        metric.Int64Counter                   // amqpretry.recoveries, by outcome
 	ActiveConsumers   metric.Int64UpDownCounter             // amqpretry.consumers.active
 	Parked            metric.Int64UpDownCounter             // amqpretry.deliveries.parked
-
-	noopUntil atomic.Int64 // monotonic nanos since epoch: no root span is worth starting before then
 
 	mu        sync.RWMutex
 	sets      map[setKey]*Attrs      // see Attrs
@@ -64,29 +71,42 @@ func New(cfg Config) *Telemetry {
 	if prop == nil {
 		prop = otel.GetTextMapPropagator()
 	}
-	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version), metric.WithSchemaURL(semconv.SchemaURL))
-	t := &Telemetry{
-		sets:        map[setKey]*Attrs{},
-		queues:      map[string]*QueueAttrs{},
+	return &Telemetry{
 		Tracer:      tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version), trace.WithSchemaURL(semconv.SchemaURL)),
 		Propagators: prop,
+		Metrics:     newMetrics(mp),
+	}
+}
+
+func newMetrics(mp metric.MeterProvider) *Metrics {
+	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version), metric.WithSchemaURL(semconv.SchemaURL))
+	m := &Metrics{
+		sets:   map[setKey]*Attrs{},
+		queues: map[string]*QueueAttrs{},
 	}
 	buckets := metric.WithExplicitBucketBoundaries(DurationBuckets...)
-	t.ProcessDuration, _ = messagingconv.NewProcessDuration(meter, buckets)
-	t.Consumed, _ = messagingconv.NewClientConsumedMessages(meter)
-	t.Sent, _ = messagingconv.NewClientSentMessages(meter)
-	t.OperationDuration, _ = messagingconv.NewClientOperationDuration(meter, buckets)
-	t.Attempts, _ = meter.Int64Counter("amqpretry.attempts", metric.WithUnit("{attempt}"),
+	m.ProcessDuration, _ = messagingconv.NewProcessDuration(meter, buckets)
+	m.Consumed, _ = messagingconv.NewClientConsumedMessages(meter)
+	m.Sent, _ = messagingconv.NewClientSentMessages(meter)
+	m.OperationDuration, _ = messagingconv.NewClientOperationDuration(meter, buckets)
+	m.Attempts, _ = meter.Int64Counter("amqpretry.attempts", metric.WithUnit("{attempt}"),
 		metric.WithDescription("Handler attempts made by Retry, by outcome."))
-	t.Retries, _ = meter.Int64Counter("amqpretry.retries", metric.WithUnit("{retry}"),
+	m.Retries, _ = meter.Int64Counter("amqpretry.retries", metric.WithUnit("{retry}"),
 		metric.WithDescription("Retries Retry scheduled after a failed attempt."))
-	t.Recoveries, _ = meter.Int64Counter("amqpretry.recoveries", metric.WithUnit("{message}"),
+	m.Recoveries, _ = meter.Int64Counter("amqpretry.recoveries", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages handed to a recoverer, by outcome: recovered, failed, rejected."))
-	t.ActiveConsumers, _ = meter.Int64UpDownCounter("amqpretry.consumers.active", metric.WithUnit("{consumer}"),
+	m.ActiveConsumers, _ = meter.Int64UpDownCounter("amqpretry.consumers.active", metric.WithUnit("{consumer}"),
 		metric.WithDescription("Consumers a listener runs now."))
-	t.Parked, _ = meter.Int64UpDownCounter("amqpretry.deliveries.parked", metric.WithUnit("{message}"),
+	m.Parked, _ = meter.Int64UpDownCounter("amqpretry.deliveries.parked", metric.WithUnit("{message}"),
 		metric.WithDescription("Deliveries waiting between attempts or before a requeue, holding no worker."))
-	return t
+	return m
+}
+
+// Combine is the telemetry that traces like tracing (tracer, propagators)
+// and measures like metrics. It shares both halves, caches included, so it
+// costs one small allocation.
+func Combine(tracing, metrics *Telemetry) *Telemetry {
+	return &Telemetry{Tracer: tracing.Tracer, Propagators: tracing.Propagators, Metrics: metrics.Metrics}
 }
 
 var (
@@ -156,135 +176,3 @@ func From(ctx context.Context) *Telemetry {
 // ContextKey lets a custom context type answer for the telemetry key
 // without an extra allocation.
 func ContextKey() any { return ctxKey{} }
-
-// Attrs is an attribute set with the metric options that carry it, ready to
-// pass to Add and Record without allocating.
-type Attrs struct {
-	Set    attribute.Set
-	Add    []metric.AddOption
-	Record []metric.RecordOption
-}
-
-// Attrs returns the cached Attrs of up to four string key-value pairs.
-func (t *Telemetry) Attrs(kv ...string) *Attrs {
-	var key setKey
-	copy(key[:], kv) // more than four pairs is a programming error
-	t.mu.RLock()
-	a, ok := t.sets[key]
-	t.mu.RUnlock()
-	if ok {
-		return a
-	}
-	list := make([]attribute.KeyValue, 0, len(kv)/2)
-	for i := 0; i+1 < len(kv); i += 2 {
-		list = append(list, attribute.String(kv[i], kv[i+1]))
-	}
-	set := attribute.NewSet(list...)
-	opt := metric.WithAttributeSet(set)
-	a = &Attrs{Set: set, Add: []metric.AddOption{opt}, Record: []metric.RecordOption{opt}}
-	t.mu.Lock()
-	t.sets[key] = a
-	t.mu.Unlock()
-	return a
-}
-
-type setKey [8]string
-
-// Outcome names shared by the attempt and recovery metrics.
-const (
-	OutcomeSucceeded    = "succeeded"
-	OutcomeRetrying     = "retrying"
-	OutcomeExhausted    = "exhausted"
-	OutcomePermanent    = "permanent"
-	OutcomeNotRetryable = "not_retryable"
-	OutcomeTimeLimited  = "time_limited"
-	OutcomeHandedOff    = "handed_off"
-	OutcomeInterrupted  = "interrupted"
-	OutcomeRecovered    = "recovered"
-)
-
-// QueueAttrs holds, for one queue, the attribute options of every outcome,
-// so that a delivery looks them up once.
-type QueueAttrs struct {
-	name                                 string
-	Queue                                *Attrs // messaging.destination.name only
-	Succeeded, Retrying, Exhausted       *Attrs
-	Permanent, NotRetryable, TimeLimited *Attrs
-	HandedOff, Interrupted, Recovered    *Attrs
-}
-
-// ForQueue returns the cached QueueAttrs of queue.
-func (t *Telemetry) ForQueue(queue string) *QueueAttrs {
-	if last := t.lastQueue.Load(); last != nil && last.name == queue {
-		return last // a listener asks for the same queue every time
-	}
-	q := t.forQueue(queue)
-	t.lastQueue.Store(q)
-	return q
-}
-
-func (t *Telemetry) forQueue(queue string) *QueueAttrs {
-	t.mu.RLock()
-	q, ok := t.queues[queue]
-	t.mu.RUnlock()
-	if ok {
-		return q
-	}
-	const dest, outcome = "messaging.destination.name", "amqpretry.outcome"
-	o := func(name string) *Attrs { return t.Attrs(dest, queue, outcome, name) }
-	q = &QueueAttrs{
-		name:      queue,
-		Queue:     t.Attrs(dest, queue),
-		Succeeded: o(OutcomeSucceeded), Retrying: o(OutcomeRetrying), Exhausted: o(OutcomeExhausted),
-		Permanent: o(OutcomePermanent), NotRetryable: o(OutcomeNotRetryable), TimeLimited: o(OutcomeTimeLimited),
-		HandedOff: o(OutcomeHandedOff), Interrupted: o(OutcomeInterrupted), Recovered: o(OutcomeRecovered),
-	}
-	t.mu.Lock()
-	t.queues[queue] = q
-	t.mu.Unlock()
-	return q
-}
-
-// Outcome returns the Attrs of a named outcome.
-func (q *QueueAttrs) Outcome(name string) *Attrs {
-	switch name {
-	case OutcomeSucceeded:
-		return q.Succeeded
-	case OutcomeRetrying:
-		return q.Retrying
-	case OutcomePermanent:
-		return q.Permanent
-	case OutcomeNotRetryable:
-		return q.NotRetryable
-	case OutcomeTimeLimited:
-		return q.TimeLimited
-	case OutcomeHandedOff:
-		return q.HandedOff
-	case OutcomeInterrupted:
-		return q.Interrupted
-	case OutcomeRecovered:
-		return q.Recovered
-	}
-	return q.Exhausted
-}
-
-// Mix is the telemetry that traces like tracing (tracer, propagators) and
-// measures like metrics (every instrument): for a Retry given one provider of
-// its own, which takes the other from the listener around it.
-func Mix(tracing, metrics *Telemetry) *Telemetry {
-	return &Telemetry{
-		Tracer:            tracing.Tracer,
-		Propagators:       tracing.Propagators,
-		ProcessDuration:   metrics.ProcessDuration,
-		Consumed:          metrics.Consumed,
-		Sent:              metrics.Sent,
-		OperationDuration: metrics.OperationDuration,
-		Attempts:          metrics.Attempts,
-		Retries:           metrics.Retries,
-		Recoveries:        metrics.Recoveries,
-		ActiveConsumers:   metrics.ActiveConsumers,
-		Parked:            metrics.Parked,
-		sets:              map[setKey]*Attrs{},
-		queues:            map[string]*QueueAttrs{},
-	}
-}

@@ -13,11 +13,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// A lane is one confirm-mode channel shared by concurrent publishes.
+// A confirmChannel is one confirm-mode channel shared by concurrent publishes.
 //
 // Correlating outcomes: the broker sends basic.return for an unroutable
 // message before the basic.ack of the same message, and amqp091 hands both to
-// listeners from its single reader goroutine, in that order. The lane's
+// listeners from its single reader goroutine, in that order. The channel's
 // watcher reads returns and confirms from unbuffered channels in one
 // goroutine, so it always sees a message's return before its ack. A return
 // carries no delivery tag, so it is matched by content; when identical
@@ -28,12 +28,12 @@ import (
 // is settled: amqp091 drops a notification that waits more than 5s, and a
 // dropped return would turn an unroutable message into a confirmed one.
 //
-// Locks: sendSlot serialises sends so that the lane's count of published
+// Locks: sendSlot serialises sends so that the channel's count of published
 // messages equals the channel's delivery tags; it is a channel so that a
 // publish queued behind a send stuck in a socket write can still give up when
 // its context ends. mu guards the pending map and is never held while calling
 // amqp091.
-type lane struct {
+type confirmChannel struct {
 	ch *amqp.Channel
 
 	sendSlot     chan struct{} // a lock that waiters can give up on: see send
@@ -42,7 +42,7 @@ type lane struct {
 
 	mu      sync.Mutex
 	pending map[uint64]*inflight
-	dead    atomic.Bool // set under mu; read without it by pickLane
+	dead    atomic.Bool // set under mu; read without it by pickChannel
 
 	done chan struct{} // closed when the watcher has exited
 }
@@ -63,15 +63,15 @@ func (f *inflight) matches(r *amqp.Return) bool {
 		f.messageID == r.MessageId && f.correlationID == r.CorrelationId && bytes.Equal(f.body, r.Body)
 }
 
-// errLaneLost: the lane's channel closed before the message was confirmed;
-// Publish tries again on another lane. cause is the channel's close error,
+// channelLostError: the channel closed before the message was confirmed;
+// Publish tries again, on another channel if need be. cause is the channel's close error,
 // if any; sendErr the error of a send that failed.
-type errLaneLost struct {
+type channelLostError struct {
 	cause   *amqp.Error
 	sendErr error
 }
 
-func (e *errLaneLost) Error() string {
+func (e *channelLostError) Error() string {
 	switch {
 	case e.sendErr != nil:
 		return fmt.Sprintf("sending failed: %v", e.sendErr)
@@ -81,9 +81,9 @@ func (e *errLaneLost) Error() string {
 	return "channel closed before the confirm"
 }
 
-// openLane opens a confirm channel; when it closes, the lane reports itself
+// openConfirmChannel opens a confirm channel; when it closes, it reports itself
 // once on died.
-func openLane(conn *amqp.Connection, died chan<- *lane) (*lane, error) {
+func openConfirmChannel(conn *amqp.Connection, died chan<- *confirmChannel) (*confirmChannel, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, err
@@ -92,64 +92,64 @@ func openLane(conn *amqp.Connection, died chan<- *lane) (*lane, error) {
 		_ = ch.Close()
 		return nil, err
 	}
-	l := &lane{ch: ch, pending: make(map[uint64]*inflight), done: make(chan struct{}), sendSlot: make(chan struct{}, 1)}
+	cc := &confirmChannel{ch: ch, pending: make(map[uint64]*inflight), done: make(chan struct{}), sendSlot: make(chan struct{}, 1)}
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 256))
 	returns := ch.NotifyReturn(make(chan amqp.Return, 1024))
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
-		l.watch(confirms, returns, closes)
-		died <- l
-		close(l.done)
+		cc.watch(confirms, returns, closes)
+		died <- cc
+		close(cc.done)
 	}()
-	return l, nil
+	return cc, nil
 }
 
 // send publishes msg and registers it before the broker can answer.
-func (l *lane) send(ctx context.Context, exchange, key string, msg *amqp.Publishing) (*inflight, error) {
+func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *amqp.Publishing) (*inflight, error) {
 	select {
-	case l.sendSlot <- struct{}{}:
+	case cc.sendSlot <- struct{}{}:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	defer func() { <-l.sendSlot }()
+	defer func() { <-cc.sendSlot }()
 
-	tag := l.published + 1
+	tag := cc.published + 1
 	f := &inflight{
 		tag:      tag,
 		exchange: exchange, key: key, body: msg.Body,
 		messageID: msg.MessageId, correlationID: msg.CorrelationId, userID: msg.UserId,
 		result: make(chan error, 1),
 	}
-	l.mu.Lock()
-	if l.dead.Load() {
-		l.mu.Unlock()
-		return nil, &errLaneLost{}
+	cc.mu.Lock()
+	if cc.dead.Load() {
+		cc.mu.Unlock()
+		return nil, &channelLostError{}
 	}
-	l.pending[tag] = f
-	l.mu.Unlock()
+	cc.pending[tag] = f
+	cc.mu.Unlock()
 
-	l.sendingSince.Store(time.Now().UnixNano())
-	err := l.ch.PublishWithContext(ctx, exchange, key, true, false, *msg)
-	l.sendingSince.Store(0)
+	cc.sendingSince.Store(time.Now().UnixNano())
+	err := cc.ch.PublishWithContext(ctx, exchange, key, true, false, *msg)
+	cc.sendingSince.Store(0)
 	if err != nil {
-		l.forget(tag)
+		cc.forget(tag)
 		if ctx.Err() != nil {
 			return nil, ctx.Err() // checked before sending: nothing went out
 		}
 		if errors.Is(err, amqp.ErrClosed) {
-			return nil, &errLaneLost{} // it closed before we wrote: nothing went out
+			return nil, &channelLostError{} // it closed before we wrote: nothing went out
 		}
 		// The message is valid (Publish checked it), so the connection
 		// failed under the send.
-		return nil, &errLaneLost{sendErr: err}
+		return nil, &channelLostError{sendErr: err}
 	}
-	l.published = tag
+	cc.published = tag
 	return f, nil
 }
 
 // stalledFor is how long the send in progress has been stuck, or 0.
-func (l *lane) stalledFor(now time.Time) time.Duration {
-	if since := l.sendingSince.Load(); since != 0 {
+func (cc *confirmChannel) stalledFor(now time.Time) time.Duration {
+	if since := cc.sendingSince.Load(); since != 0 {
 		return now.Sub(time.Unix(0, since))
 	}
 	return 0
@@ -157,20 +157,20 @@ func (l *lane) stalledFor(now time.Time) time.Duration {
 
 // forget drops a publish whose caller stopped waiting; a late confirm is
 // ignored.
-func (l *lane) forget(tag uint64) {
-	l.mu.Lock()
-	delete(l.pending, tag)
-	l.mu.Unlock()
+func (cc *confirmChannel) forget(tag uint64) {
+	cc.mu.Lock()
+	delete(cc.pending, tag)
+	cc.mu.Unlock()
 }
 
-func (l *lane) alive() bool { return !l.dead.Load() }
+func (cc *confirmChannel) alive() bool { return !cc.dead.Load() }
 
-func (l *lane) close() {
-	_ = l.ch.Close()
-	<-l.done
+func (cc *confirmChannel) close() {
+	_ = cc.ch.Close()
+	<-cc.done
 }
 
-func (l *lane) watch(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closes <-chan *amqp.Error) {
+func (cc *confirmChannel) watch(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closes <-chan *amqp.Error) {
 	var closeErr *amqp.Error
 	// amqp091 closes all three when the channel shuts down; reading until
 	// then delivers every confirm the broker sent before the close.
@@ -183,14 +183,14 @@ func (l *lane) watch(confirms <-chan amqp.Confirmation, returns <-chan amqp.Retu
 			}
 			// The broker sent any return for this message before its ack, and
 			// amqp091 queued it before the confirm: take it first.
-			l.drainReturns(returns)
-			l.settle(c)
+			cc.drainReturns(returns)
+			cc.settle(c)
 		case r, ok := <-returns:
 			if !ok {
 				returns = nil
 				continue
 			}
-			l.markReturned(&r)
+			cc.markReturned(&r)
 		case e, ok := <-closes:
 			if !ok {
 				closes = nil
@@ -199,28 +199,28 @@ func (l *lane) watch(confirms <-chan amqp.Confirmation, returns <-chan amqp.Retu
 			closeErr = e
 		}
 	}
-	l.die(closeErr)
+	cc.die(closeErr)
 }
 
-func (l *lane) drainReturns(returns <-chan amqp.Return) {
+func (cc *confirmChannel) drainReturns(returns <-chan amqp.Return) {
 	for {
 		select {
 		case r, ok := <-returns:
 			if !ok {
 				return
 			}
-			l.markReturned(&r)
+			cc.markReturned(&r)
 		default:
 			return
 		}
 	}
 }
 
-func (l *lane) settle(c amqp.Confirmation) {
-	l.mu.Lock()
-	f := l.pending[c.DeliveryTag]
-	delete(l.pending, c.DeliveryTag)
-	l.mu.Unlock()
+func (cc *confirmChannel) settle(c amqp.Confirmation) {
+	cc.mu.Lock()
+	f := cc.pending[c.DeliveryTag]
+	delete(cc.pending, c.DeliveryTag)
+	cc.mu.Unlock()
 	if f == nil {
 		return // its caller gave up
 	}
@@ -234,10 +234,10 @@ func (l *lane) settle(c amqp.Confirmation) {
 	}
 }
 
-func (l *lane) markReturned(r *amqp.Return) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, f := range l.pending {
+func (cc *confirmChannel) markReturned(r *amqp.Return) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	for _, f := range cc.pending {
 		if f.matches(r) {
 			f.returned = r
 		}
@@ -248,21 +248,21 @@ func (l *lane) markReturned(r *amqp.Return) {
 // attributes to a pending message (a 404 naming its exchange, a 406 naming
 // its user-id) is that message's own failure; the others were lost with the
 // channel and are published again by their callers.
-func (l *lane) die(closeErr *amqp.Error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.dead.Store(true)
-	for tag, f := range l.pending {
-		delete(l.pending, tag)
+func (cc *confirmChannel) die(closeErr *amqp.Error) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	cc.dead.Store(true)
+	for tag, f := range cc.pending {
+		delete(cc.pending, tag)
 		switch {
 		case closeErr == nil:
-			f.result <- &errLaneLost{}
+			f.result <- &channelLostError{}
 		case closeErr.Code == amqp.NotFound && strings.Contains(closeErr.Reason, "exchange '"+f.exchange+"'"):
 			f.result <- &ExchangeNotFoundError{Exchange: f.exchange, Reason: closeErr.Reason}
 		case closeErr.Code == amqp.PreconditionFailed && f.userID != "" && strings.Contains(closeErr.Reason, "user_id property set to '"+f.userID+"'"):
 			f.result <- &ChannelError{Exchange: f.exchange, Code: closeErr.Code, Reason: closeErr.Reason}
 		default:
-			f.result <- &errLaneLost{cause: closeErr}
+			f.result <- &channelLostError{cause: closeErr}
 		}
 	}
 }

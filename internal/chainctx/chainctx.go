@@ -1,0 +1,60 @@
+package chainctx
+
+import "context"
+
+type key int
+
+const (
+	queueKey key = iota
+	interruptKey
+	waitHookKey
+	probeKey
+)
+
+// WithQueue records the queue a delivery came from; amqp.Delivery does not
+// carry it.
+func WithQueue(ctx context.Context, queue string) context.Context {
+	return context.WithValue(ctx, queueKey, queue)
+}
+
+// Queue returns the queue recorded by WithQueue, or "".
+func Queue(ctx context.Context) string {
+	q, _ := ctx.Value(queueKey).(string)
+	return q
+}
+
+// WithInterrupt returns a context under which Retry stops waiting as soon as
+// interrupt is closed, while handlers that are running keep ctx and may
+// finish: the listener's graceful shutdown.
+func WithInterrupt(ctx context.Context, interrupt <-chan struct{}) context.Context {
+	return context.WithValue(ctx, interruptKey, interrupt)
+}
+
+// Interrupt returns the channel given to WithInterrupt, or nil, which never
+// fires in a select.
+func Interrupt(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(interruptKey).(<-chan struct{})
+	return ch
+}
+
+// WaitHook is told that a delivery is about to wait for something other than
+// its consumer's worker (a backoff, a recoverer's publish). The listener
+// implements it: the reading of deliveries goes on on a new goroutine.
+type WaitHook interface{ WillWait() }
+
+// WaitHookKey is the key WillWait looks the WaitHook up under, for a context
+// type that answers for it in its Value method.
+const WaitHookKey = waitHookKey
+
+// WithWaitHook returns a context whose deliveries report waits to h.
+func WithWaitHook(ctx context.Context, h WaitHook) context.Context {
+	return context.WithValue(ctx, waitHookKey, h)
+}
+
+// WillWait tells the WaitHook in ctx, if any, that the delivery is about to
+// wait.
+func WillWait(ctx context.Context) {
+	if h, ok := ctx.Value(waitHookKey).(WaitHook); ok {
+		h.WillWait()
+	}
+}

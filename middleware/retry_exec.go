@@ -1,0 +1,265 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/chainctx"
+	"github.com/amqpretry/amqpretry/internal/telemetry"
+)
+
+// execution is one delivery's pass through a Retry: it is never shared between
+// deliveries, so its backoff state needs no lock.
+type execution struct {
+	policy     *retryPolicy
+	tel        *telemetry.Telemetry
+	attrs      *telemetry.QueueAttrs
+	firstStart time.Time // when a traced first attempt began
+	recovered  bool      // a Recover below handed the delivery to its recoverer
+	first      attemptContext
+	start      time.Time
+	backoff    *backoff.ExponentialBackOff // created on the first failure
+	decidedFor int                         // the attempt whose decision is cached
+	decision   decision
+}
+
+// execute runs one delivery through the policy: attempts, the decision after
+// each failure, and the waits between them.
+func (p *retryPolicy) execute(ctx context.Context, d *amqp.Delivery, next Handler) error {
+	if d == chainctx.ProbeDelivery {
+		if pr, ok := chainctx.ProbeFrom(ctx); ok {
+			return p.runProbe(ctx, pr, d, next)
+		}
+	}
+	tel := p.telemetryFor(ctx)
+	ex := &execution{policy: p, tel: tel, attrs: tel.ForQueue(chainctx.Queue(ctx))}
+	if p.maxElapsed > 0 {
+		ex.start = p.clock.Now()
+	}
+	attempt := 1
+	for {
+		actx, span := ex.startAttempt(ctx, attempt)
+		err := next(actx, d)
+		if err == nil {
+			outcome := telemetry.OutcomeSucceeded
+			if ex.recovered {
+				outcome = telemetry.OutcomeRecovered
+			}
+			ex.endAttempt(ctx, span, outcome, nil)
+			return nil
+		}
+		span = ex.failedFirst(ctx, attempt, span)
+		if errors.Is(err, ErrInterrupted) {
+			ex.endAttempt(ctx, span, telemetry.OutcomeInterrupted, err)
+			return err
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			ex.endAttempt(ctx, span, telemetry.OutcomeInterrupted, err)
+			return &InterruptedError{Attempt: attempt, Reason: cerr, Last: err}
+		}
+		dec := ex.decide(attempt, err)
+		if !dec.retry {
+			ex.endAttempt(ctx, span, dec.outcome(), err)
+			return dec.finalError(attempt, err)
+		}
+		ex.retryScheduled(span, dec.delay)
+		ex.endAttempt(ctx, span, telemetry.OutcomeRetrying, err)
+		tel.Retries.Add(ctx, 1, ex.attrs.Queue.Add...)
+		if p.onRetry != nil {
+			p.onRetry(ctx, RetryEvent{Delivery: d, Attempt: attempt, Err: err, Delay: dec.delay})
+		}
+		if werr := ex.wait(ctx, dec.delay); werr != nil {
+			return &InterruptedError{Attempt: attempt, Reason: werr, Last: err}
+		}
+		attempt++
+	}
+}
+
+// wait waits out a backoff, holding no worker, until the delay has passed,
+// ctx ends or the listener shuts down.
+func (ex *execution) wait(ctx context.Context, delay time.Duration) error {
+	WillWait(ctx)
+	ex.tel.Parked.Add(ctx, 1, ex.attrs.Queue.Add...)
+	err := ex.policy.clock.Wait(ctx, chainctx.Interrupt(ctx), delay)
+	ex.tel.Parked.Add(ctx, -1, ex.attrs.Queue.Add...)
+	return err
+}
+
+// attemptContext carries the attempt number and the delivery's execution to
+// the middlewares and handler below Retry. One struct instead of
+// context.WithValue keeps the success path to a single allocation.
+type attemptContext struct {
+	context.Context
+	exec    *execution
+	attempt int
+}
+
+type ctxKey int
+
+// attemptKey finds the attemptContext of the nearest Retry.
+const attemptKey ctxKey = 0
+
+func (c *attemptContext) Value(key any) any {
+	switch {
+	case key == attemptKey:
+		return c
+	case key == telemetry.ContextKey() && c.exec.policy.own != nil:
+		return c.exec.tel // Retry's own providers reach the middlewares below it
+	}
+	return c.Context.Value(key)
+}
+
+type stopReason uint8
+
+const (
+	keepRetrying stopReason = iota
+	stopPermanent
+	stopNotRetryable
+	stopAttempts
+	stopTimeLimit
+	stopHandOff
+)
+
+// decision is what happens after a failed attempt.
+type decision struct {
+	retry bool
+	delay time.Duration
+	stop  stopReason
+}
+
+// outcome is how the attempt ended, for its span and amqpretry.attempts.
+func (d decision) outcome() telemetry.Outcome {
+	switch d.stop {
+	case stopPermanent:
+		return telemetry.OutcomePermanent
+	case stopNotRetryable:
+		return telemetry.OutcomeNotRetryable
+	case stopTimeLimit:
+		return telemetry.OutcomeTimeLimited
+	case stopHandOff:
+		return telemetry.OutcomeHandedOff
+	}
+	return telemetry.OutcomeExhausted
+}
+
+func (d decision) finalError(attempt int, err error) error {
+	switch d.stop {
+	case stopAttempts:
+		return &RetriesExhaustedError{Attempts: attempt, Last: err}
+	case stopTimeLimit:
+		return &RetriesExhaustedError{Attempts: attempt, Last: err, TimeLimited: true}
+	case stopHandOff:
+		return &RetriesExhaustedError{Attempts: attempt, Last: err, HandedOff: true}
+	default: // permanent or not retryable: the caller's error, with the count attached
+		return &stoppedError{attempts: attempt, err: err}
+	}
+}
+
+// decide says whether the given failed attempt will be retried, and after
+// which delay. The decision is made once per attempt and cached, so that
+// Recover (asking from inside the chain) and Retry (acting on it) agree even
+// with jitter.
+func (ex *execution) decide(attempt int, err error) decision {
+	if ex.decidedFor == attempt {
+		return ex.decision
+	}
+	p := ex.policy
+	var dec decision
+	switch {
+	case IsPermanent(err):
+		dec.stop = stopPermanent
+	case p.retryIf != nil && !p.retryIf(err):
+		dec.stop = stopNotRetryable
+	case attempt >= p.maxAttempts:
+		dec.stop = stopAttempts
+	default:
+		delay := ex.nextDelay()
+		switch {
+		case p.handOffSet && delay > p.handOff:
+			dec.stop = stopHandOff
+		case p.maxElapsed > 0 && p.clock.Now().Sub(ex.start)+delay > p.maxElapsed:
+			dec.stop = stopTimeLimit
+		default:
+			dec.retry, dec.delay = true, delay
+		}
+	}
+	ex.decidedFor, ex.decision = attempt, dec
+	return dec
+}
+
+func (ex *execution) nextDelay() time.Duration {
+	if ex.backoff == nil {
+		p := ex.policy
+		ex.backoff = &backoff.ExponentialBackOff{
+			InitialInterval:     p.initial,
+			RandomizationFactor: p.jitter,
+			Multiplier:          p.multiplier,
+			MaxInterval:         p.maxInterval,
+			MaxElapsedTime:      0, // we enforce our own limit; backoff/v4 would stop at 15 minutes
+			Stop:                backoff.Stop,
+			Clock:               p.clock,
+		}
+		ex.backoff.Reset()
+	}
+	return ex.backoff.NextBackOff()
+}
+
+// willRetry reports whether the Retry enclosing ctx will retry err after the
+// current attempt. Recover uses it to leave retryable failures to Retry.
+func willRetry(ctx context.Context, err error) bool {
+	ac, ok := ctx.Value(attemptKey).(*attemptContext)
+	if !ok {
+		return false
+	}
+	return ac.exec.decide(ac.attempt, err).retry
+}
+
+// errInterruptSignalled is the Reason of an InterruptedError caused by the
+// listener shutting down.
+var errInterruptSignalled = errors.New("interrupt signalled, shutting down")
+
+// clock is time as Retry sees it; tests substitute a fake one.
+type clock interface {
+	Now() time.Time
+	// Wait blocks for d, returning early with the reason when ctx ends or
+	// interrupt closes.
+	Wait(ctx context.Context, interrupt <-chan struct{}, d time.Duration) error
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) Wait(ctx context.Context, interrupt <-chan struct{}, d time.Duration) error {
+	if err := interrupted(ctx, interrupt); err != nil {
+		return err
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-interrupt:
+		return errInterruptSignalled
+	case <-t.C:
+		return nil
+	}
+}
+
+// interrupted returns the reason when ctx has ended or interrupt has
+// closed already: a clock checks it first, so that it wins over a timer
+// that is also ready.
+func interrupted(ctx context.Context, interrupt <-chan struct{}) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-interrupt:
+		return errInterruptSignalled
+	default:
+		return nil
+	}
+}
