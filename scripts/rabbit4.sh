@@ -149,8 +149,12 @@ down() {
     ctl -q shutdown >&2 || true
     wait_until down || say "the node did not stop within ${wait_for}s"
   fi
-  # epmd on our port was started by the node and outlives it.
-  pkill -f "epmd.*-port 24369" 2>/dev/null || pkill -f "$R/usr/lib/erlang/erts-.*/bin/epmd" 2>/dev/null || true
+  # The node started an epmd of its own (port 24369) that outlives it: the
+  # one whose root is ours.
+  local pid
+  for pid in $(pgrep -x epmd || true); do
+    [[ $(readlink "/proc/$pid/root") == "$R" ]] && kill "$pid"
+  done
   unmount_all
 }
 
