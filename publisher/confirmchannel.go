@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -246,8 +247,9 @@ func (cc *confirmChannel) markReturned(r *amqp.Return) {
 
 // die fails every publish still waiting. An exception the broker's text
 // attributes to a pending message (a 404 naming its exchange, a 406 naming
-// its user-id) is that message's own failure; the others were lost with the
-// channel and are published again by their callers.
+// its user-id or its size past max_message_size) is that message's own
+// failure; the others were lost with the channel and are published again by
+// their callers.
 func (cc *confirmChannel) die(closeErr *amqp.Error) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
@@ -259,7 +261,8 @@ func (cc *confirmChannel) die(closeErr *amqp.Error) {
 			f.result <- &channelLostError{}
 		case closeErr.Code == amqp.NotFound && strings.Contains(closeErr.Reason, "exchange '"+f.exchange+"'"):
 			f.result <- &ExchangeNotFoundError{Exchange: f.exchange, Reason: closeErr.Reason}
-		case closeErr.Code == amqp.PreconditionFailed && f.userID != "" && strings.Contains(closeErr.Reason, "user_id property set to '"+f.userID+"'"):
+		case closeErr.Code == amqp.PreconditionFailed && f.userID != "" && strings.Contains(closeErr.Reason, "user_id property set to '"+f.userID+"'"),
+			closeErr.Code == amqp.PreconditionFailed && strings.Contains(closeErr.Reason, "message size "+strconv.Itoa(len(f.body))+" is larger than"):
 			f.result <- &ChannelError{Exchange: f.exchange, Code: closeErr.Code, Reason: closeErr.Reason}
 		default:
 			f.result <- &channelLostError{cause: closeErr}

@@ -157,13 +157,16 @@ func TestStuckWritesAreBounded(t *testing.T) {
 }
 
 // RabbitMQ 4.0 refuses messages over 16 MiB (max_message_size; 3.10 allows
-// 128 MiB) by closing the channel with 406. The publish fails with the
-// broker's reason; messages published beside it on the same channel are
-// confirmed.
+// 128 MiB) by closing the channel with 406, naming the size. The publish
+// fails at once with the broker's reason, without being sent again (each try
+// would close the channel under its neighbours); messages published beside
+// it on the same channel are confirmed.
 func TestMessageOverTheBrokersMaximumSize(t *testing.T) {
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
-	p := newPublisher(t, brokertest.URL(), publisher.WithChannels(1))
+	proxy, url := brokertest.Proxy(t)
+	proxy.RecordMethods()
+	p := newPublisher(t, url, publisher.WithChannels(1))
 	const neighbours = 20
 	var wg sync.WaitGroup
 	var failed atomic.Int64
@@ -185,6 +188,9 @@ func TestMessageOverTheBrokersMaximumSize(t *testing.T) {
 		t.Fatalf("RabbitMQ 4: err = %v, want a *ChannelError 406 saying the message is too large", err)
 	case major < 4 && err != nil:
 		t.Fatalf("RabbitMQ 3.10 takes messages up to 128 MiB: err = %v", err)
+	}
+	if opened := proxy.Sent("channel.open"); err != nil && opened != 2 {
+		t.Errorf("the publisher opened %d channels: the message too large was sent again instead of failing at once", opened)
 	}
 	want := neighbours
 	if err == nil {

@@ -27,6 +27,7 @@ func (p *Proxy) countMethod(name string) {
 // methodNames are the methods a test may ask about, by class and method id.
 var methodNames = map[uint32]string{
 	10<<16 | 50:  "connection.close",
+	20<<16 | 10:  "channel.open",
 	20<<16 | 40:  "channel.close",
 	60<<16 | 20:  "basic.consume",
 	60<<16 | 30:  "basic.cancel",
