@@ -8,9 +8,9 @@ import (
 	"github.com/amqpretry/amqpretry/dlx"
 )
 
-// Restart turns a dead letter back into the message its producer sent: the
+// OriginalMessage turns a dead letter back into the message its producer sent: the
 // body and properties stay, the fault, retry and death headers go.
-func ExampleRestart() {
+func ExampleOriginalMessage() {
 	dead := &amqp.Delivery{
 		MessageId:   "order-7",
 		ContentType: "application/json",
@@ -25,7 +25,7 @@ func ExampleRestart() {
 			"x-first-death-queue":        "orders.retry.10s",
 		},
 	}
-	msg := dlx.Restart(dead)
+	msg := dlx.OriginalMessage(dead)
 	fmt.Println(msg.MessageId, msg.ContentType, string(msg.Body))
 	fmt.Println(msg.Headers)
 	// Output:

@@ -7,8 +7,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqphdr"
 	"github.com/amqpretry/amqpretry/internal/amqptable"
-	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
@@ -75,7 +75,7 @@ func ReplayProgress(f func(ReplayStats)) ReplayOption {
 // Skipped messages are handed back at the end with basic.nack: on a quorum
 // DLQ with a delivery limit RabbitMQ 4.0 counts that as a delivery (4.3 no
 // longer counts a nack); see Topology.DeliveryLimit for the DLQ's limit.
-func Replay(ctx context.Context, ch *amqp.Channel, pub *publisher.Publisher, dlq string, opts ...ReplayOption) (ReplayStats, error) {
+func Replay(ctx context.Context, ch *amqp.Channel, pub recoverer.Publisher, dlq string, opts ...ReplayOption) (ReplayStats, error) {
 	cfg := replayConfig{prefix: recoverer.DefaultHeaderPrefix}
 	for _, opt := range opts {
 		opt(&cfg)
@@ -112,7 +112,7 @@ func Replay(ctx context.Context, ch *amqp.Channel, pub *publisher.Publisher, dlq
 			cfg.report(stats)
 			continue
 		}
-		if err := pub.Publish(ctx, exchange, key, restart(&d, cfg.prefix)); err != nil {
+		if err := pub.Publish(ctx, exchange, key, originalMessage(&d, cfg.prefix)); err != nil {
 			_ = d.Nack(false, true) // not the message's fault: a nack does not count toward a delivery limit
 			return stats, fmt.Errorf("dlx: replay message %q to exchange %q, key %q: %w (it stays on %s)", d.MessageId, exchange, key, err, dlq)
 		}
@@ -150,11 +150,14 @@ func (c *replayConfig) destination(d *amqp.Delivery) (exchange, key string) {
 	return "", queue
 }
 
-// Restart is the publishing Replay sends for d: its body and properties with
-// the fault, retry and death headers removed (recoverer.DefaultHeaderPrefix).
-func Restart(d *amqp.Delivery) amqp.Publishing { return restart(d, recoverer.DefaultHeaderPrefix) }
+// OriginalMessage is the message d's producer sent, as Replay publishes it
+// again: d's body and properties with the fault, retry and death headers
+// removed (recoverer.DefaultHeaderPrefix).
+func OriginalMessage(d *amqp.Delivery) amqp.Publishing {
+	return originalMessage(d, recoverer.DefaultHeaderPrefix)
+}
 
-func restart(d *amqp.Delivery, prefix string) amqp.Publishing {
+func originalMessage(d *amqp.Delivery, prefix string) amqp.Publishing {
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
 		if !isFaultOrRetryHeader(k, prefix) {
@@ -171,10 +174,10 @@ func isFaultOrRetryHeader(k, prefix string) bool {
 	switch k {
 	case recoverer.HeaderExceptionMessage, recoverer.HeaderExceptionStacktrace,
 		recoverer.HeaderOriginalExchange, recoverer.HeaderOriginalRoutingKey,
-		RetryCountHeader, "x-death", "x-delivery-count":
+		RetryCountHeader:
 		return true
 	}
-	if strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") {
+	if amqphdr.IsBrokerOwned(k) {
 		return true
 	}
 	if prefix != "" {

@@ -2,13 +2,14 @@ package dlx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqphdr"
 	"github.com/amqpretry/amqpretry/middleware"
-	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
@@ -19,7 +20,7 @@ func (t Topology) RetryCount(d *amqp.Delivery) int {
 	if d == nil {
 		return 0
 	}
-	if n, ok := count(d.Headers[RetryCountHeader]); ok {
+	if n, ok := amqphdr.Count(d.Headers[RetryCountHeader]); ok {
 		return n
 	}
 	ours := map[string]bool{t.SingleRetryQueue(): t.SingleRetryDelay > 0}
@@ -29,7 +30,7 @@ func (t Topology) RetryCount(d *amqp.Delivery) int {
 	total := 0
 	for _, death := range Deaths(d) {
 		if death.Reason == "expired" && ours[death.Queue] {
-			total = min(total+death.Count, maxCount)
+			total = min(total+death.Count, amqphdr.MaxCount)
 		}
 	}
 	return total
@@ -76,19 +77,20 @@ func WithRepublishOptions(opts ...recoverer.Option) TierOption {
 //
 // makes three quick local attempts, then the tiers, then the DLQ. Tiers
 // panics if the topology is invalid or has no RetryDelays, or if pub is nil.
-func (t Topology) Tiers(pub *publisher.Publisher, opts ...TierOption) *TierRecoverer {
-	if err := t.Validate(); err != nil {
-		panic(err.Error())
-	}
-	if len(t.RetryDelays) == 0 {
-		panic("dlx: Tiers needs Topology.RetryDelays")
-	}
+func (t Topology) Tiers(pub recoverer.Publisher, opts ...TierOption) *TierRecoverer {
 	cfg := tierConfig{max: len(t.RetryDelays)}
 	for _, opt := range opts {
 		opt(&cfg)
 	}
+	errs := []error{t.Validate()}
+	if len(t.RetryDelays) == 0 {
+		errs = append(errs, errors.New("dlx: Tiers needs Topology.RetryDelays"))
+	}
 	if cfg.max < 0 {
-		panic(fmt.Sprintf("dlx: MaxRetries expects n >= 0, got %d", cfg.max))
+		errs = append(errs, fmt.Errorf("dlx: MaxRetries expects n >= 0, got %d", cfg.max))
+	}
+	if err := errors.Join(errs...); err != nil {
+		panic(err.Error())
 	}
 	r := &TierRecoverer{t: t, max: cfg.max}
 	next := recoverer.WithHeaders(func(_ context.Context, d *amqp.Delivery, _ error) amqp.Table {
@@ -132,14 +134,15 @@ func (r *TierRecoverer) NextDelay(d *amqp.Delivery) time.Duration {
 // the work queue. From maxRetries on, final decides: recoverer.Republish to
 // the DLQ, or recoverer.Requeue.
 func (t Topology) RejectToRetry(maxRetries int, final middleware.Recoverer) middleware.Recoverer {
-	if err := t.Validate(); err != nil {
-		panic(err.Error())
-	}
+	errs := []error{t.Validate()}
 	if t.SingleRetryDelay <= 0 {
-		panic("dlx: RejectToRetry needs Topology.SingleRetryDelay")
+		errs = append(errs, errors.New("dlx: RejectToRetry needs Topology.SingleRetryDelay"))
 	}
 	if final == nil {
-		panic("dlx: RejectToRetry expects a final Recoverer")
+		errs = append(errs, errors.New("dlx: RejectToRetry expects a final Recoverer"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		panic(err.Error())
 	}
 	return middleware.RecovererFunc(func(ctx context.Context, d *amqp.Delivery, cause error) error {
 		rejected := 0

@@ -1,6 +1,7 @@
 package dlx
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"regexp"
@@ -92,13 +93,13 @@ type Topology struct {
 }
 
 // DLX is the dead-letter exchange's name.
-func (t Topology) DLX() string { return or(t.DeadLetterExchange, t.Queue+".dlx") }
+func (t Topology) DLX() string { return cmp.Or(t.DeadLetterExchange, t.Queue+".dlx") }
 
 // DLQ is the dead-letter queue's name.
-func (t Topology) DLQ() string { return or(t.DeadLetterQueue, t.Queue+".dlq") }
+func (t Topology) DLQ() string { return cmp.Or(t.DeadLetterQueue, t.Queue+".dlq") }
 
 // DLQRoutingKey is the routing key that takes a message from the DLX to the DLQ.
-func (t Topology) DLQRoutingKey() string { return or(t.DeadLetterRoutingKey, t.Queue) }
+func (t Topology) DLQRoutingKey() string { return cmp.Or(t.DeadLetterRoutingKey, t.Queue) }
 
 // RetryQueue is the name of the tier for delay.
 func (t Topology) RetryQueue(delay time.Duration) string {
@@ -125,44 +126,44 @@ func FormatDelay(d time.Duration) string {
 	return fmt.Sprintf("%dms", d/time.Millisecond)
 }
 
-func or(s, fallback string) string {
-	if s != "" {
-		return s
-	}
-	return fallback
-}
-
-// Validate reports the first problem with the topology's fields.
+// Validate reports every problem with the topology's fields, each naming the
+// field and its value.
 func (t Topology) Validate() error {
-	switch {
-	case t.Queue == "":
-		return errors.New("dlx: Topology.Queue is required")
-	case t.Type != "" && t.Type != Classic && t.Type != Quorum:
-		return fmt.Errorf("dlx: Topology.Type must be %q or %q, got %q", Classic, Quorum, t.Type)
-	case len(t.RetryDelays) > 0 && t.SingleRetryDelay > 0:
-		return errors.New("dlx: set Topology.RetryDelays or Topology.SingleRetryDelay, not both")
-	case t.SingleRetryDelay < 0 || (t.SingleRetryDelay > 0 && t.SingleRetryDelay < time.Millisecond):
-		return fmt.Errorf("dlx: Topology.SingleRetryDelay must be at least 1ms, got %v", t.SingleRetryDelay)
-	case t.DeliveryLimit < 0:
-		return fmt.Errorf("dlx: Topology.DeliveryLimit must be >= 0, got %d", t.DeliveryLimit)
-	case (t.DeliveryLimit > 0 || t.AtLeastOnce) && t.Type != Quorum:
-		return errors.New("dlx: Topology.DeliveryLimit and Topology.AtLeastOnce need Type: dlx.Quorum")
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if t.Queue == "" {
+		bad("dlx: Topology.Queue is required")
+	}
+	if t.Type != "" && t.Type != Classic && t.Type != Quorum {
+		bad("dlx: Topology.Type must be %q or %q, got %q", Classic, Quorum, t.Type)
+	}
+	if len(t.RetryDelays) > 0 && t.SingleRetryDelay > 0 {
+		bad("dlx: set Topology.RetryDelays or Topology.SingleRetryDelay, not both")
+	}
+	if t.SingleRetryDelay < 0 || (t.SingleRetryDelay > 0 && t.SingleRetryDelay < time.Millisecond) {
+		bad("dlx: Topology.SingleRetryDelay must be at least 1ms, got %v", t.SingleRetryDelay)
+	}
+	if t.DeliveryLimit < 0 {
+		bad("dlx: Topology.DeliveryLimit must be >= 0, got %d", t.DeliveryLimit)
+	}
+	if (t.DeliveryLimit > 0 || t.AtLeastOnce) && t.Type != Quorum {
+		bad("dlx: Topology.DeliveryLimit and Topology.AtLeastOnce need Type: dlx.Quorum")
 	}
 	seen := map[string]bool{}
 	for i, d := range t.RetryDelays {
 		if d < time.Millisecond {
-			return fmt.Errorf("dlx: Topology.RetryDelays[%d] must be at least 1ms, got %v", i, d)
+			bad("dlx: Topology.RetryDelays[%d] must be at least 1ms, got %v", i, d)
 		}
 		if i > 0 && d < t.RetryDelays[i-1] {
-			return fmt.Errorf("dlx: Topology.RetryDelays must be in increasing order, got %v after %v", d, t.RetryDelays[i-1])
+			bad("dlx: Topology.RetryDelays must be in increasing order, got %v after %v", d, t.RetryDelays[i-1])
 		}
-		name := t.RetryQueue(d)
-		if seen[name] {
-			return fmt.Errorf("dlx: two retry tiers share the queue name %q", name)
+		if name := t.RetryQueue(d); seen[name] {
+			bad("dlx: two retry tiers share the queue name %q", name)
+		} else {
+			seen[name] = true
 		}
-		seen[name] = true
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Declare declares the topology on ch, idempotently: run it at startup or
@@ -174,7 +175,7 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		return err
 	}
 	if t.Exchange != "" {
-		if err := ch.ExchangeDeclare(t.Exchange, or(t.ExchangeKind, "direct"), true, false, false, false, nil); err != nil {
+		if err := ch.ExchangeDeclare(t.Exchange, cmp.Or(t.ExchangeKind, "direct"), true, false, false, false, nil); err != nil {
 			return conflict("exchange", t.Exchange, err)
 		}
 	}
@@ -218,7 +219,11 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 			return err
 		}
 		if t.Exchange != "" {
-			for _, key := range or2(t.BindingKeys, []string{t.Queue}) {
+			keys := t.BindingKeys
+			if len(keys) == 0 {
+				keys = []string{t.Queue}
+			}
+			for _, key := range keys {
 				if err := ch.QueueBind(t.Queue, key, t.Exchange, false, nil); err != nil {
 					return fmt.Errorf("dlx: bind %s to %s with %q: %w", t.Queue, t.Exchange, key, err)
 				}
@@ -231,13 +236,6 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		return fmt.Errorf("dlx: the dead-letter exchange %s is missing after declaring it (deleted concurrently?): %w", t.DLX(), err)
 	}
 	return nil
-}
-
-func or2(s, fallback []string) []string {
-	if len(s) > 0 {
-		return s
-	}
-	return fallback
 }
 
 // declareQueue declares a durable queue of the topology's type;

@@ -15,6 +15,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/pubtest"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
@@ -231,6 +232,27 @@ func TestValidate(t *testing.T) {
 			t.Errorf("FormatDelay(%v) = %q, want %q", d, got, want)
 		}
 	}
+}
+
+// Validate and Tiers name every problem at once, not the first.
+func TestValidateNamesEveryProblem(t *testing.T) {
+	topo := dlx.Topology{Type: "stream", DeliveryLimit: -1, RetryDelays: []time.Duration{time.Minute, 0}}
+	err := topo.Validate()
+	for _, want := range []string{"Topology.Queue is required", `Type must be "classic" or "quorum", got "stream"`,
+		"DeliveryLimit must be >= 0, got -1", "RetryDelays[1] must be at least 1ms, got 0s", "increasing order, got 0s after 1m0s"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v; want it to say %q", err, want)
+		}
+	}
+	defer func() {
+		got := fmt.Sprint(recover())
+		for _, want := range []string{"Topology.Queue is required", "Tiers needs Topology.RetryDelays", "MaxRetries expects n >= 0, got -2"} {
+			if !strings.Contains(got, want) {
+				t.Errorf("Tiers panicked with %q; want it to say %q", got, want)
+			}
+		}
+	}()
+	dlx.Topology{}.Tiers(&pubtest.Publisher{}, dlx.MaxRetries(-2))
 }
 
 // The articles' layout: a rejection is a retry, atomically in the broker.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"runtime/debug"
 	"sync"
@@ -13,6 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqphdr"
 	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -341,7 +341,7 @@ func (l *Listener) requeueDelay(d *amqp.Delivery) time.Duration {
 	if delay == 0 {
 		return 0
 	}
-	if n := deliveryCount(d.Headers); n > 1 {
+	if n := amqphdr.DeliveryCount(d.Headers); n > 1 {
 		for i := 1; i < n && delay < l.cfg.requeueDelayMax; i++ {
 			delay *= 2
 		}
@@ -353,29 +353,13 @@ func (l *Listener) requeueDelay(d *amqp.Delivery) time.Duration {
 // that the queue counts deliveries: the listener cannot read the queue's
 // limit over AMQP, and past it the broker dead-letters or drops the message.
 func (l *Listener) tellDeliveryCounting(h amqp.Table) {
-	if _, ok := h["x-delivery-count"]; !ok || !l.countsToldOnce.CompareAndSwap(false, true) {
+	if _, ok := h[amqphdr.XDeliveryCount]; !ok || !l.countsToldOnce.CompareAndSwap(false, true) {
 		return
 	}
 	l.cfg.logger.Info("listener: the queue counts deliveries (a quorum queue): every requeue after a failure is one, "+
 		"and past the queue's delivery limit (x-delivery-limit or a delivery-limit policy; 20 by default on RabbitMQ 4) "+
 		"the broker dead-letters the message, or drops it if the queue has no dead-letter exchange",
-		"queue", l.queue, "x-delivery-count", h["x-delivery-count"])
-}
-
-// deliveryCount reads the x-delivery-count header quorum queues set; any
-// other type counts as absent.
-func deliveryCount(h amqp.Table) int {
-	switch v := h["x-delivery-count"].(type) {
-	case int64:
-		if v > 0 && v < math.MaxInt32 {
-			return int(v)
-		}
-	case int32:
-		if v > 0 {
-			return int(v)
-		}
-	}
-	return 0
+		"queue", l.queue, amqphdr.XDeliveryCount, h[amqphdr.XDeliveryCount])
 }
 
 // sample returns the consumer's busy fraction and completed calls since the

@@ -50,4 +50,15 @@
 // negotiated frame_max minus a headroom (20,000 bytes, as Spring does,
 // WithHeadroom changes it) by cutting the stack trace first, then the message,
 // on UTF-8 boundaries, ending each cut with a marker that says how much was cut.
+// A headroom that leaves too little of the broker's frame_max is an error of
+// Recover, so the message is requeued, not a panic: frame_max is the broker's.
+//
+// # Publishers and invalid arguments
+//
+// Republish takes a Publisher, the one method it needs: *publisher.Publisher
+// is one, and a fake makes header building testable without a broker.
+// Arguments that are wrong whatever the broker says (a nil publisher, a
+// negative headroom, an over-long exchange name) panic at construction, with
+// every problem named at once; what depends on the broker is an error at run
+// time.
 package recoverer

@@ -101,10 +101,10 @@ func TestErrorDescriptions(t *testing.T) {
 	if got := middleware.HandlerError(exhausted); got != wrapped {
 		t.Errorf("HandlerError = %v, want the handler's own error", got)
 	}
-	if got := ErrorType(exhausted); got != "*fmt.wrapError" {
+	if got := middleware.ErrorType(exhausted); got != "*fmt.wrapError" {
 		t.Errorf("ErrorType = %q", got)
 	}
-	if got := ErrorType(&middleware.PanicError{Value: "x"}); got != "panic" {
+	if got := middleware.ErrorType(&middleware.PanicError{Value: "x"}); got != "panic" {
 		t.Errorf("ErrorType of a panic = %q", got)
 	}
 	chain := StackTrace(wrapped)

@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqphdr"
 	"github.com/amqpretry/amqpretry/internal/amqptable"
 	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -19,8 +20,8 @@ import (
 const (
 	HeaderExceptionMessage    = "x-exception-message"
 	HeaderExceptionStacktrace = "x-exception-stacktrace"
-	HeaderOriginalExchange    = "x-original-exchange"
-	HeaderOriginalRoutingKey  = "x-original-routingKey"
+	HeaderOriginalExchange    = amqphdr.OriginalExchange
+	HeaderOriginalRoutingKey  = amqphdr.OriginalRoutingKey
 )
 
 // DefaultHeaderPrefix prefixes the fault headers that are ours.
@@ -41,19 +42,10 @@ const (
 // properties and the frame's own overhead, as Spring AMQP does.
 const DefaultHeadroom = 20000
 
-// brokerHeaders are set by RabbitMQ when it dead-letters or redelivers a
-// message; a copy must not carry them (RabbitMQ 4 refuses client-written
-// x-death, and stale counts would mislead whoever reads the DLQ).
-var brokerHeaders = []string{
-	"x-death", "x-delivery-count",
-	"x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
-	"x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
-}
-
 // Republisher is a middleware.Recoverer that publishes a copy of a failed
 // message, annotated with fault headers, and waits for the broker's confirm.
 type Republisher struct {
-	pub        *publisher.Publisher
+	pub        Publisher
 	exchange   string
 	routingKey string
 	cfg        config
@@ -62,32 +54,45 @@ type Republisher struct {
 
 var _ middleware.Recoverer = (*Republisher)(nil)
 
+// Publisher is what a recoverer needs of a publisher: Publish returns once
+// the broker has confirmed msg, and any other outcome is an error.
+// *publisher.Publisher is one; tests can use a fake. Republish also asks it,
+// when it has them, for FrameMax() int (the negotiated frame_max, which bounds
+// the headers; without it RabbitMQ's default, 131072) and Username() string
+// (the user it publishes as: a copy keeps no user-id naming anyone else).
+type Publisher interface {
+	Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error
+}
+
+var _ Publisher = (*publisher.Publisher)(nil)
+
 // Republish returns a Recoverer that publishes failed messages to exchange
 // with routingKey, or with the message's own routing key when routingKey is
 // "". Use exchange "" and the DLQ's name as routingKey to publish straight to
-// a queue. It panics if pub is nil or an option is invalid.
-func Republish(pub *publisher.Publisher, exchange, routingKey string, opts ...Option) *Republisher {
-	if pub == nil {
-		panic("recoverer: Republish expects a non-nil *publisher.Publisher")
-	}
+// a queue. It panics if pub is nil or an option is invalid, naming every
+// invalid one; what depends on the broker (the room frame_max leaves for
+// headers) is an error of Recover.
+func Republish(pub Publisher, exchange, routingKey string, opts ...Option) *Republisher {
 	cfg := defaultConfig()
 	for _, opt := range opts {
 		opt(&cfg)
 	}
-	if err := cfg.validate(); err != nil {
-		panic(err.Error())
+	var errs []error
+	if p, ok := pub.(*publisher.Publisher); pub == nil || (ok && p == nil) {
+		errs = append(errs, errors.New("recoverer: Republish expects a non-nil *publisher.Publisher"))
 	}
-	host, _ := os.Hostname()
-	r := &Republisher{pub: pub, exchange: exchange, routingKey: routingKey, cfg: cfg, host: host}
-	if room := r.frameMax() - cfg.headroom; room < minHeaderRoom {
-		panic(fmt.Sprintf("recoverer: WithHeadroom(%d) leaves %d bytes of the broker's frame_max (%d) for headers; leave at least %d",
-			cfg.headroom, room, r.frameMax(), minHeaderRoom))
+	if err := cfg.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(exchange) > amqptable.MaxShortString || len(routingKey) > amqptable.MaxShortString {
-		panic(fmt.Sprintf("recoverer: Republish expects an exchange and routing key of at most %d bytes, got %d and %d",
+		errs = append(errs, fmt.Errorf("recoverer: Republish expects an exchange and routing key of at most %d bytes, got %d and %d",
 			amqptable.MaxShortString, len(exchange), len(routingKey)))
 	}
-	return r
+	if len(errs) > 0 {
+		panic(errors.Join(errs...).Error())
+	}
+	host, _ := os.Hostname()
+	return &Republisher{pub: pub, exchange: exchange, routingKey: routingKey, cfg: cfg, host: host}
 }
 
 // Recover publishes the annotated copy and returns nil once the broker has
@@ -117,15 +122,17 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	if d == nil {
 		return amqp.Publishing{}, errors.New("recoverer: nil delivery")
 	}
+	if err := r.checkRoom(); err != nil {
+		return amqp.Publishing{}, err
+	}
 	if cause == nil {
 		cause = errors.New("no error given")
 	}
 	headers := make(amqp.Table, len(d.Headers)+12)
 	for k, v := range d.Headers {
-		headers[k] = v
-	}
-	for _, k := range brokerHeaders {
-		delete(headers, k)
+		if !amqphdr.IsBrokerOwned(k) { // set by RabbitMQ: a copy must not carry them
+			headers[k] = v
+		}
 	}
 	// A message that failed before carries the old fault text; it is replaced,
 	// and must not be counted against the budget twice.
@@ -140,12 +147,12 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	p := r.cfg.prefix
 	// A message on a retry hop (a tier, a reject-to-retry cycle) was
 	// republished or dead-lettered already: keep where it was first sent.
-	exchange, key := originalDestination(d)
+	exchange, key := amqphdr.OriginalDestination(d)
 	headers[HeaderOriginalExchange] = exchange
 	headers[HeaderOriginalRoutingKey] = key
 	headers[p+SuffixOriginalQueue] = chainctx.Queue(ctx)
-	headers[p+SuffixErrorType] = ErrorType(cause)
-	headers[p+SuffixAttempts] = int64(Attempts(ctx, cause))
+	headers[p+SuffixErrorType] = middleware.ErrorType(cause)
+	headers[p+SuffixAttempts] = int64(AttemptsMade(ctx, cause))
 	headers[p+SuffixFailedAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	headers[p+SuffixHost] = r.host
 
@@ -154,7 +161,7 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	if d.Expiration != "" {
 		headers[p+SuffixOriginalExpiration] = d.Expiration // dead letters must not expire
 	}
-	if d.UserId != "" && d.UserId != r.pub.Username() {
+	if d.UserId != "" && d.UserId != r.username() {
 		headers[p+SuffixOriginalUserID] = d.UserId
 		msg.UserId = ""
 	}
@@ -194,47 +201,40 @@ func (r *Republisher) headerBudget(msg amqp.Publishing) int {
 const propagationReserve = 1024
 
 func (r *Republisher) frameMax() int {
-	if fm := r.pub.FrameMax(); fm > 0 {
-		return fm
+	if p, ok := r.pub.(interface{ FrameMax() int }); ok {
+		if fm := p.FrameMax(); fm > 0 {
+			return fm
+		}
 	}
 	return 131072 // RabbitMQ's default
+}
+
+func (r *Republisher) username() string {
+	if p, ok := r.pub.(interface{ Username() string }); ok {
+		return p.Username()
+	}
+	return ""
+}
+
+// checkRoom reports a headroom that leaves too little of the broker's
+// frame_max for the headers: a broker setting, so an error of the recovery
+// (the listener requeues the message), not a panic at construction.
+func (r *Republisher) checkRoom() error {
+	if room := r.frameMax() - r.cfg.headroom; room < minHeaderRoom {
+		return fmt.Errorf("recoverer: WithHeadroom(%d) leaves %d bytes of the broker's frame_max (%d) for headers; leave at least %d",
+			r.cfg.headroom, room, r.frameMax(), minHeaderRoom)
+	}
+	return nil
 }
 
 // minHeaderRoom is the least a headroom may leave for headers.
 const minHeaderRoom = 4096
 
-// ErrorType names the Go type of the handler's error, or "panic".
-func ErrorType(err error) string { return middleware.ErrorType(err) }
-
-// Attempts is the number of attempts made: from Retry's error when Recover
+// AttemptsMade is the number of attempts made: from Retry's error when Recover
 // sits outside Retry, else from the attempt in progress.
-func Attempts(ctx context.Context, cause error) int {
+func AttemptsMade(ctx context.Context, cause error) int {
 	if n, ok := middleware.AttemptsMade(cause); ok {
 		return n
 	}
 	return middleware.Attempt(ctx)
-}
-
-// originalDestination is where d was first published: the x-original-*
-// headers of an earlier republish, else the oldest x-death entry the broker
-// wrote when it dead-lettered d, else d's own exchange and routing key.
-func originalDestination(d *amqp.Delivery) (exchange, key string) {
-	if ex, ok := d.Headers[HeaderOriginalExchange].(string); ok {
-		if k, ok := d.Headers[HeaderOriginalRoutingKey].(string); ok {
-			return ex, k
-		}
-	}
-	// x-death lists the most recent death first; the oldest is the original.
-	if deaths, ok := d.Headers["x-death"].([]any); ok && len(deaths) > 0 {
-		if first, ok := deaths[len(deaths)-1].(amqp.Table); ok {
-			ex, exOK := first["exchange"].(string)
-			keys, _ := first["routing-keys"].([]any)
-			if exOK && len(keys) > 0 {
-				if k, ok := keys[0].(string); ok {
-					return ex, k
-				}
-			}
-		}
-	}
-	return d.Exchange, d.RoutingKey
 }

@@ -231,24 +231,6 @@ func TestHugeErrorMessageFitsTheFrame(t *testing.T) {
 	}
 }
 
-// RabbitMQ closes the channel when a message's user-id is not the
-// publisher's login; the copy drops it and keeps it in a header.
-func TestForeignUserIDIsMovedToAHeader(t *testing.T) {
-	work, dlx, dlq := topology(t)
-	pub := newPublisher(t, brokertest.URL())
-	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x"), UserId: "guest"})
-	d0, _, _ := brokertest.Channel(t, brokertest.Dial(t)).Get(work, true)
-	d0.UserId = "alice" // as if alice had sent it
-	err := recoverer.Republish(pub, dlx, "").Recover(context.Background(), &d0, errors.New("x"))
-	if err != nil {
-		t.Fatalf("Recover: %v", err)
-	}
-	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
-	if !ok || d.UserId != "" || d.Headers["x-amqpretry-original-user-id"] != "alice" {
-		t.Fatalf("ok=%v user-id %q header %v", ok, d.UserId, d.Headers["x-amqpretry-original-user-id"])
-	}
-}
-
 func TestRejectUsesTheQueuesOwnDLX(t *testing.T) {
 	dlx, dlq := brokertest.Name(t, "dlx"), brokertest.Name(t, "dlq")
 	brokertest.Exchange(t, dlx, "fanout")
@@ -302,32 +284,6 @@ func TestInvalidOptionsPanic(t *testing.T) {
 	}
 }
 
-func TestExtraHeadersAndPrefix(t *testing.T) {
-	work, dlx, dlq := topology(t)
-	pub := newPublisher(t, brokertest.URL())
-	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x")})
-	rep := recoverer.Republish(pub, dlx, "",
-		recoverer.WithHeaderPrefix("acme-"),
-		recoverer.WithStackTrace(false),
-		recoverer.WithHeaders(func(_ context.Context, d *amqp.Delivery, cause error) amqp.Table {
-			return amqp.Table{"acme-team": "payments", "acme-size": len(d.Body)}
-		}))
-	handleOne(t, work, middleware.Recover(rep), failing(errors.New("x")))
-	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
-	if !ok {
-		t.Fatal("nothing on the DLQ")
-	}
-	if d.Headers["acme-team"] != "payments" || d.Headers["acme-size"] != int64(1) || d.Headers["acme-attempts"] != int64(1) {
-		t.Errorf("headers = %v", d.Headers)
-	}
-	if _, ok := d.Headers["x-exception-stacktrace"]; ok {
-		t.Error("stack trace present with WithStackTrace(false)")
-	}
-	if _, ok := d.Headers["x-amqpretry-attempts"]; ok {
-		t.Error("default prefix used despite WithHeaderPrefix")
-	}
-}
-
 // Headroom 0 uses the frame to the last byte the other properties leave.
 func TestZeroHeadroomFitsTheFrameExactly(t *testing.T) {
 	work, dlx, dlq := topology(t)
@@ -369,15 +325,4 @@ func TestRefailedMessageIsRepublished(t *testing.T) {
 	if msg, _ := second.Headers["x-exception-message"].(string); !strings.HasPrefix(msg, "bbb") {
 		t.Errorf("the new failure's message should replace the old one, got %.20q", msg)
 	}
-}
-
-func TestHeadroomMustLeaveRoom(t *testing.T) {
-	pub := newPublisher(t, brokertest.URL())
-	defer func() {
-		got, _ := recover().(string)
-		if !strings.Contains(got, "WithHeadroom(130000) leaves 1072 bytes of the broker's frame_max (131072)") {
-			t.Fatalf("panic = %q", got)
-		}
-	}()
-	recoverer.Republish(pub, "x", "", recoverer.WithHeadroom(130000))
 }

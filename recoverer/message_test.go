@@ -1,0 +1,133 @@
+package recoverer_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/pubtest"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+// What a Republisher publishes, without a broker: the broker suite
+// (republish_test.go) keeps confirms, returns and the frame limits it enforces.
+
+var _ recoverer.Publisher = (*publisher.Publisher)(nil)
+
+// recoverOne runs the failing delivery d through Recover(rep) and returns
+// the one message published.
+func recoverOne(t *testing.T, pub *pubtest.Publisher, rep *recoverer.Republisher, d *amqp.Delivery) pubtest.Published {
+	t.Helper()
+	ctx := middleware.WithQueue(context.Background(), "orders")
+	if err := middleware.Recover(rep)(failing(errors.New("x")))(ctx, d); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	sent := pub.Sent()
+	if len(sent) != 1 {
+		t.Fatalf("published %d messages, want 1", len(sent))
+	}
+	return sent[0]
+}
+
+func TestForeignUserIDIsMovedToAHeader(t *testing.T) {
+	pub := &pubtest.Publisher{User: "guest"}
+	got := recoverOne(t, pub, recoverer.Republish(pub, "orders.dlx", ""), &amqp.Delivery{Body: []byte("x"), UserId: "alice"})
+	if got.Msg.UserId != "" || got.Msg.Headers["x-amqpretry-original-user-id"] != "alice" {
+		t.Fatalf("user-id %q, header %v: only the publisher's own user may be set", got.Msg.UserId, got.Msg.Headers["x-amqpretry-original-user-id"])
+	}
+	pub = &pubtest.Publisher{User: "alice"}
+	if got := recoverOne(t, pub, recoverer.Republish(pub, "orders.dlx", ""), &amqp.Delivery{UserId: "alice"}); got.Msg.UserId != "alice" {
+		t.Errorf("the publisher's own user-id %q was not kept", got.Msg.UserId)
+	}
+}
+
+func TestExtraHeadersAndPrefix(t *testing.T) {
+	pub := &pubtest.Publisher{}
+	rep := recoverer.Republish(pub, "orders.dlx", "",
+		recoverer.WithHeaderPrefix("acme-"),
+		recoverer.WithStackTrace(false),
+		recoverer.WithHeaders(func(_ context.Context, d *amqp.Delivery, cause error) amqp.Table {
+			return amqp.Table{"acme-team": "payments", "acme-size": len(d.Body)}
+		}))
+	h := recoverOne(t, pub, rep, &amqp.Delivery{Body: []byte("x")}).Msg.Headers
+	if h["acme-team"] != "payments" || h["acme-size"] != int64(1) || h["acme-attempts"] != int64(1) || h["acme-original-queue"] != "orders" {
+		t.Errorf("headers = %v", h)
+	}
+	if _, ok := h["x-exception-stacktrace"]; ok {
+		t.Error("stack trace present with WithStackTrace(false)")
+	}
+	if _, ok := h["x-amqpretry-attempts"]; ok {
+		t.Error("default prefix used despite WithHeaderPrefix")
+	}
+}
+
+// Where the copy goes: the given exchange, with the given key or the
+// delivery's own, and the original destination in Spring's headers, kept
+// across hops.
+func TestRepublishDestination(t *testing.T) {
+	tests := []struct {
+		name            string
+		key             string
+		d               amqp.Delivery
+		wantKey         string
+		origEx, origKey string
+	}{
+		{"own key", "", amqp.Delivery{Exchange: "shop", RoutingKey: "orders.new"}, "orders.new", "shop", "orders.new"},
+		{"given key", "all", amqp.Delivery{Exchange: "shop", RoutingKey: "orders.new"}, "all", "shop", "orders.new"},
+		{"after a hop", "", amqp.Delivery{Exchange: "", RoutingKey: "orders", Headers: amqp.Table{
+			"x-original-exchange": "shop", "x-original-routingKey": "orders.new"}}, "orders", "shop", "orders.new"},
+	}
+	for _, tt := range tests {
+		pub := &pubtest.Publisher{}
+		got := recoverOne(t, pub, recoverer.Republish(pub, "orders.dlx", tt.key), &tt.d)
+		if got.Exchange != "orders.dlx" || got.Key != tt.wantKey ||
+			got.Msg.Headers["x-original-exchange"] != tt.origEx || got.Msg.Headers["x-original-routingKey"] != tt.origKey {
+			t.Errorf("%s: to %q with %q, original %v/%v; want orders.dlx with %q, original %s/%s", tt.name,
+				got.Exchange, got.Key, got.Msg.Headers["x-original-exchange"], got.Msg.Headers["x-original-routingKey"], tt.wantKey, tt.origEx, tt.origKey)
+		}
+	}
+}
+
+// A headroom that leaves too little of the broker's frame_max is the
+// broker's setting, not a programming error: Recover fails (the listener
+// requeues the message) and nothing is published.
+func TestHeadroomMustLeaveRoom(t *testing.T) {
+	pub := &pubtest.Publisher{Frame: 131072}
+	rep := recoverer.Republish(pub, "x", "", recoverer.WithHeadroom(130000))
+	err := rep.Recover(context.Background(), &amqp.Delivery{Body: []byte("x")}, errors.New("boom"))
+	if err == nil || !strings.Contains(err.Error(), "WithHeadroom(130000) leaves 1072 bytes of the broker's frame_max (131072)") {
+		t.Fatalf("Recover = %v", err)
+	}
+	if middleware.SettlementFor(&middleware.RecoveryError{Err: err, Cause: errors.New("boom")}) != middleware.Requeue {
+		t.Error("a failed recovery must requeue")
+	}
+	if n := len(pub.Sent()); n != 0 {
+		t.Errorf("published %d messages", n)
+	}
+}
+
+func TestFailedPublishIsAnError(t *testing.T) {
+	pub := &pubtest.Publisher{Err: publisher.ErrUnroutable}
+	err := recoverer.Republish(pub, "orders.dlx", "").Recover(context.Background(), &amqp.Delivery{RoutingKey: "k"}, errors.New("boom"))
+	if !errors.Is(err, publisher.ErrUnroutable) || !strings.Contains(err.Error(), `exchange "orders.dlx" with routing key "k"`) {
+		t.Fatalf("Recover = %v", err)
+	}
+}
+
+func TestRepublishNamesEveryBadArgument(t *testing.T) {
+	defer func() {
+		got, _ := recover().(string)
+		for _, want := range []string{"non-nil *publisher.Publisher", "WithHeadroom", "at most 255 bytes"} {
+			if !strings.Contains(got, want) {
+				t.Errorf("panic %q does not say %q", got, want)
+			}
+		}
+	}()
+	var nilPub *publisher.Publisher
+	recoverer.Republish(nilPub, strings.Repeat("x", 300), "", recoverer.WithHeadroom(-1))
+}
