@@ -274,6 +274,13 @@ func (c *consumer) process(dd *delivery) {
 	dd.Context = ctx
 	err := c.call(dd, d)
 	settlement := middleware.SettlementFor(err)
+	if settlement == middleware.Requeue && ctx.Err() != nil {
+		// The listener ended the delivery's context (the shutdown timeout
+		// passed, its channel died): what failed then is not the message's
+		// fault, and it goes back with a nack.
+		err = &middleware.InterruptedError{Reason: context.Cause(ctx), Last: err}
+		settlement = middleware.Release
+	}
 	// Processing is over: the span and the duration do not include the
 	// requeue delay that may follow.
 	l.endProcess(ctx, span, began, err, settlement)

@@ -20,7 +20,8 @@ import (
 // errors.Is and errors.As, with the count for AttemptsMade). When attempts
 // run out it returns a *RetriesExhaustedError (ErrRetriesExhausted) that
 // unwraps to the last error; when the context ends or the listener shuts
-// down, an *InterruptedError (ErrInterrupted), which the listener requeues.
+// down, an *InterruptedError (ErrInterrupted), which the listener releases
+// (nack with requeue: not the message's failure).
 // Each delivery gets its own attempt counter and backoff state; the returned
 // Middleware is safe to share.
 //

@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
@@ -43,18 +42,18 @@ func (s Settlement) String() string {
 }
 
 // SettlementFor maps a chain's final error to its settlement: nil acks;
-// interruptions (ErrInterrupted, or a cancelled context: the listener
-// stopping) release the message; failed recoveries requeue it (it is not
-// safe anywhere else); a recoverer's ErrReject and Permanent errors are
-// rejected without requeue; every other error requeues. The order matters:
-// an interruption is never the message's failure, and a failed recovery
-// still requeues whatever the handler's error wraps, since rejecting it
-// could drop the only copy.
+// interruptions (ErrInterrupted: the listener stopping, a context it ended)
+// release the message; failed recoveries requeue it (it is not safe anywhere
+// else); a recoverer's ErrReject and Permanent errors are rejected without
+// requeue; every other error requeues, a handler's own context.Canceled
+// included. The order matters: an interruption is never the message's
+// failure, and a failed recovery still requeues whatever the handler's error
+// wraps, since rejecting it could drop the only copy.
 func SettlementFor(err error) Settlement {
 	switch {
 	case err == nil:
 		return Ack
-	case errors.Is(err, ErrInterrupted), errors.Is(err, context.Canceled):
+	case errors.Is(err, ErrInterrupted):
 		return Release
 	case errors.Is(err, ErrRecoveryFailed):
 		return Requeue
