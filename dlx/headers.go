@@ -1,6 +1,8 @@
 package dlx
 
 import (
+	"time"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/amqphdr"
@@ -32,10 +34,16 @@ func RetryCount(d *amqp.Delivery) int {
 }
 
 // Death is one entry of the x-death header RabbitMQ adds each time it
-// dead-letters a message, one per (queue, reason): Queue, Reason (rejected,
-// expired, maxlen, delivery_limit), Count, Exchange, RoutingKeys, Time and
-// OriginalExpiration.
-type Death = amqphdr.Death
+// dead-letters a message: one per (queue, reason), with a count.
+type Death struct {
+	Queue              string
+	Reason             string // rejected, expired, maxlen, delivery_limit
+	Count              int
+	Exchange           string
+	RoutingKeys        []string
+	Time               time.Time
+	OriginalExpiration string
+}
 
 // Deaths reads the x-death header, most recent death first. Entries or
 // fields of the wrong type are skipped, counts outside [0, 2^30] read as
@@ -44,5 +52,10 @@ func Deaths(d *amqp.Delivery) []Death {
 	if d == nil {
 		return nil
 	}
-	return amqphdr.Deaths(d.Headers)
+	read := amqphdr.Deaths(d.Headers)
+	deaths := make([]Death, len(read))
+	for i, death := range read {
+		deaths[i] = Death(death)
+	}
+	return deaths
 }

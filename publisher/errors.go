@@ -52,10 +52,10 @@ func (e *ExchangeNotFoundError) Error() string {
 
 // ChannelError: the broker closed the channel with an exception while the
 // message was unconfirmed, and the exception is put down to the message: the
-// broker's text names its user-id (406, at once), or the channels it was
-// published on kept closing with exceptions when it was published again (a
-// message over RabbitMQ 4's 16 MiB max_message_size, say). Code and Reason
-// are the last exception's.
+// broker's text names its user-id or its size past max_message_size (406,
+// at once: RabbitMQ 4 refuses messages over 16 MiB), or the channels it was
+// published on kept closing with exceptions when it was published again.
+// Code and Reason are the last exception's.
 type ChannelError struct {
 	Exchange string
 	Code     int

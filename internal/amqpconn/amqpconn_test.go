@@ -249,10 +249,11 @@ func TestRedialerBounds(t *testing.T) {
 		pause    int // 1 = the first after Reset
 		min, max time.Duration
 	}{
-		{1, 50 * ms, 150 * ms}, // 100ms ±50%
-		{2, 100 * ms, 300 * ms},
-		{3, 200 * ms, 600 * ms},
-		{8, 5 * time.Second, 15 * time.Second}, // 12.8s capped at 10s, ±50%
+		{1, 50 * ms, 150 * ms},                  // 100ms ±50%
+		{2, 75 * ms, 225 * ms},                  // 150ms
+		{3, 112 * ms, 338 * ms},                 // 225ms
+		{12, 4325 * ms, 12975 * ms},             // 8.65s
+		{13, 5 * time.Second, 15 * time.Second}, // 12.97s capped at 10s, ±50%
 		{200, 5 * time.Second, 15 * time.Second},
 	}
 	for _, tt := range tests {

@@ -7,9 +7,9 @@ import (
 	"github.com/cenkalti/backoff/v4"
 )
 
-// Redialer spaces out the dials after a lost connection: 100ms, doubling up
-// to 10s, each drawn ±50% so that clients cut off together do not come back
-// in step; it never gives up (the owner stops when its context ends). It is
+// Redialer spaces out the dials after a lost connection: 100ms, growing ×1.5
+// up to 10s (the listener's pacing since its first release), each drawn ±50%
+// so that clients cut off together do not come back in step; it never gives up (the owner stops when its context ends). It is
 // not safe for concurrent use: one per connection owner.
 type Redialer struct{ b *backoff.ExponentialBackOff }
 
@@ -17,7 +17,7 @@ type Redialer struct{ b *backoff.ExponentialBackOff }
 func NewRedialer() *Redialer {
 	return &Redialer{b: backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(100*time.Millisecond),
-		backoff.WithMultiplier(2),
+		backoff.WithMultiplier(1.5),
 		backoff.WithMaxInterval(10*time.Second),
 		backoff.WithRandomizationFactor(0.5),
 		backoff.WithMaxElapsedTime(0), // backoff/v4 would stop after 15 minutes
