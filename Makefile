@@ -45,6 +45,9 @@ CTL_3 := rabbitmqctl
 URL_4 := amqp://guest:guest@127.0.0.1:5673/
 CTL_4 := $(CURDIR)/scripts/rabbit4.sh ctl
 
+# The phases share the brokers and one disrupts them: never run them in parallel.
+.NOTPARALLEL:
+
 .PHONY: test demo bench broker rabbit4 fmt gomod vet staticcheck suite suite-3.10 suite-4.0 unit reliability fuzz soak vulncheck
 
 test: fmt gomod vet staticcheck suite-3.10 suite-4.0 fuzz vulncheck

@@ -31,37 +31,60 @@ check="$root/.bin/brokercheck"
 
 say() { echo "rabbit4.sh: $*" >&2; }
 
+# need_root: the root is entered with chroot and mounts, which only root can do.
+need_root() {
+  if [[ $(id -u) -ne 0 ]]; then
+    say "$1 needs root (chroot and mount into $R); run it as root, or point \$AMQP_URL and"
+    say "\$AMQPRETRY_RABBITMQCTL at a RabbitMQ 4 of your own and run make suite"
+    exit 1
+  fi
+}
+
 # as_rabbitmq runs a command inside the root as its rabbitmq user.
 as_rabbitmq() {
   local ids
-  ids=$(awk -F: '$1 == "rabbitmq" { print $3 ":" $4 }' "$R/etc/passwd")
+  ids=$(awk -F: '$1 == "rabbitmq" { print $3 ":" $4 }' "$R/etc/passwd" 2>/dev/null || true)
+  if [[ -z $ids ]]; then
+    say "$R has no rabbitmq user: it is not a RabbitMQ root (remove it, and scripts/rabbit4.sh up installs it again)"
+    exit 1
+  fi
   chroot --userspec="$ids" "$R" /usr/bin/env -i HOME=/var/lib/rabbitmq PATH=/usr/bin:/bin LANG=C.UTF-8 "$@"
 }
 
-ctl() { as_rabbitmq /usr/lib/rabbitmq/bin/rabbitmqctl "$@"; }
+ctl() {
+  need_root "rabbitmqctl on RabbitMQ 4"
+  as_rabbitmq /usr/lib/rabbitmq/bin/rabbitmqctl "$@"
+}
 
 answers() { AMQP_URL="$url" "$check" -quiet -timeout "${1:-2s}"; }
 
 install_root() {
   [[ -x $R/usr/lib/rabbitmq/bin/rabbitmq-server ]] && return 0
-  if [[ $(id -u) -ne 0 ]]; then
-    say "RabbitMQ 4 is not installed at $R and installing it needs root (debootstrap, chroot, mount)"
-    exit 1
-  fi
+  need_root "installing RabbitMQ 4"
+  mkdir -p "$(dirname "$R")"
+  # One install at a time, whichever clone asks.
+  exec 9>"$R.lock"
+  flock 9
+  [[ -x $R/usr/lib/rabbitmq/bin/rabbitmq-server ]] && return 0
   export DEBIAN_FRONTEND=noninteractive
   if ! command -v debootstrap >/dev/null; then
     say "installing debootstrap"
     { apt-get update -qq && apt-get install -y -qq debootstrap; } >&2
   fi
   say "installing Debian trixie's rabbitmq-server into $R (about a minute)"
-  rm -rf "$R.partial"
-  mkdir -p "$(dirname "$R")"
+  # A killed debootstrap may leave /proc or /sys mounted in its target.
+  unmount_under "$R.partial"
+  rm -rf --one-file-system "$R.partial"
   if ! debootstrap --variant=minbase --include=rabbitmq-server trixie "$R.partial" http://deb.debian.org/debian >"$R.log" 2>&1; then
     tail -n 20 "$R.log" >&2
     say "debootstrap failed; the whole log is $R.log"
     exit 1
   fi
-  # A root that is there is a root that is whole.
+  # A root that is there is a root that is whole: replace a broken one.
+  if [[ -e $R ]]; then
+    unmount_under "$R"
+    rm -rf --one-file-system "$R"
+  fi
   mv "$R.partial" "$R"
 }
 
@@ -99,6 +122,14 @@ mount_all() {
   mountpoint -q "$R/dev" || mount --bind /dev "$R/dev"
 }
 
+# unmount_under unmounts everything mounted below a directory, deepest first.
+unmount_under() {
+  local m
+  for m in $(awk -v d="$1/" 'index($2, d) == 1 { print $2 }' /proc/mounts | sort -r); do
+    umount -l "$m" || true
+  done
+}
+
 unmount_all() {
   for m in dev proc; do
     mountpoint -q "$R/$m" && umount -l "$R/$m"
@@ -118,9 +149,11 @@ wait_until() {
 up() {
   (cd "$root" && go build -o "$check" ./internal/cmd/brokercheck)
   if answers; then
-    sync_hosts # a machine handed on may have a new name
+    # A machine handed on may have a new name (only for our own root).
+    if [[ $(id -u) -eq 0 && -d $R/etc ]]; then sync_hosts; fi
     return 0
   fi
+  need_root "starting RabbitMQ 4"
   install_root
   configure
   mount_all
@@ -145,6 +178,7 @@ up() {
 
 down() {
   [[ -d $R ]] || return 0
+  need_root "stopping RabbitMQ 4"
   if ctl -q ping >/dev/null 2>&1; then
     ctl -q shutdown >&2 || true
     wait_until down || say "the node did not stop within ${wait_for}s"
