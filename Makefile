@@ -33,7 +33,7 @@ GOVULNCHECK := $(BIN)/govulncheck-$(GOVULNCHECK_VERSION)
 # machine. The budget is a count, not a duration: with -fuzztime 4s, Go's
 # fuzz coordinator (before Go 1.27, golang/go#75804) sometimes fails a target
 # with "context deadline exceeded" at the deadline though nothing crashed.
-FUZZ_TARGETS := ./internal/amqphdr:FuzzReaders:100000 ./internal/amqpurl:FuzzRedact:200000 ./internal/amqpurl:FuzzParse:150000 \
+FUZZ_TARGETS := ./internal/amqphdr:FuzzReaders:200000 ./internal/amqpurl:FuzzRedact:200000 ./internal/amqpurl:FuzzParse:150000 \
 	./internal/amqptable:FuzzNormalize:120000 ./recoverer:FuzzFitFaultText:60000 ./dlx:FuzzHeaders:60000
 
 # The two brokers make test runs the suite on: the system's (Debian bookworm's

@@ -3,7 +3,13 @@
 // its Tiers, move dead letters back with Replay.
 //
 // Tiers and Replay publish through a recoverer.Publisher (*publisher.Publisher
-// is one). Validate reports every problem with a Topology at once; Tiers and
-// RejectToRetry panic with all of them, since no broker can make a wrong
-// Topology right, while Declare returns them as an error.
+// is one).
+//
+// Invalid options that cannot depend on the broker panic at construction,
+// naming every bad option; what depends on the broker is an error at run
+// time. Validate reports every problem with a Topology, each with its field
+// and value; Tiers and RejectToRetry panic with all of them (and Tiers with
+// every bad MaxRetries or WithRepublishOptions value too), since no broker
+// can make a wrong Topology right. Declare, which talks to the broker, returns
+// them as an error, as it does a declaration the broker refuses.
 package dlx

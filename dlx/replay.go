@@ -145,7 +145,7 @@ func (c *replayConfig) destination(d *amqp.Delivery) (exchange, key string) {
 	if queue == "" {
 		// Dead-lettered by the broker itself (Reject, Permanent without a
 		// recoverer, a delivery limit): it names the queue it came from.
-		queue, _ = d.Headers["x-first-death-queue"].(string)
+		queue, _ = d.Headers[amqphdr.XFirstDeathQueue].(string)
 	}
 	return "", queue
 }

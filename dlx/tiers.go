@@ -76,7 +76,9 @@ func WithRepublishOptions(opts ...recoverer.Option) TierOption {
 //	middleware.Chain(middleware.Retry(3), middleware.Recover(topo.Tiers(pub)))
 //
 // makes three quick local attempts, then the tiers, then the DLQ. Tiers
-// panics if the topology is invalid or has no RetryDelays, or if pub is nil.
+// panics if the topology is invalid or has no RetryDelays, if pub is nil, or
+// if a MaxRetries or WithRepublishOptions value is invalid, naming every
+// problem at once.
 func (t Topology) Tiers(pub recoverer.Publisher, opts ...TierOption) *TierRecoverer {
 	cfg := tierConfig{max: len(t.RetryDelays)}
 	for _, opt := range opts {
@@ -89,22 +91,39 @@ func (t Topology) Tiers(pub recoverer.Publisher, opts ...TierOption) *TierRecove
 	if cfg.max < 0 {
 		errs = append(errs, fmt.Errorf("dlx: MaxRetries expects n >= 0, got %d", cfg.max))
 	}
-	if err := errors.Join(errs...); err != nil {
-		panic(err.Error())
-	}
 	r := &TierRecoverer{t: t, max: cfg.max}
-	next := recoverer.WithHeaders(func(_ context.Context, d *amqp.Delivery, _ error) amqp.Table {
-		return amqp.Table{RetryCountHeader: int64(t.RetryCount(d) + 1)}
-	})
-	for _, delay := range t.RetryDelays {
-		// Straight to the tier queue through the default exchange.
-		r.tiers = append(r.tiers, recoverer.Republish(pub, "", t.RetryQueue(delay), append(cfg.opts[:len(cfg.opts):len(cfg.opts)], next)...))
-	}
 	keep := recoverer.WithHeaders(func(_ context.Context, d *amqp.Delivery, _ error) amqp.Table {
 		return amqp.Table{RetryCountHeader: int64(t.RetryCount(d))}
 	})
-	r.dlq = recoverer.Republish(pub, t.DLX(), t.DLQRoutingKey(), append(cfg.opts[:len(cfg.opts):len(cfg.opts)], keep)...)
+	var err error
+	r.dlq, err = republish(pub, t.DLX(), t.DLQRoutingKey(), append(cfg.opts[:len(cfg.opts):len(cfg.opts)], keep))
+	errs = append(errs, err)
+	next := recoverer.WithHeaders(func(_ context.Context, d *amqp.Delivery, _ error) amqp.Table {
+		return amqp.Table{RetryCountHeader: int64(t.RetryCount(d) + 1)}
+	})
+	if err == nil { // the tiers share the DLQ's publisher and options: name their problems once
+		for _, delay := range t.RetryDelays {
+			// Straight to the tier queue through the default exchange.
+			tier, tierErr := republish(pub, "", t.RetryQueue(delay), append(cfg.opts[:len(cfg.opts):len(cfg.opts)], next))
+			errs = append(errs, tierErr)
+			r.tiers = append(r.tiers, tier)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		panic(err.Error())
+	}
 	return r
+}
+
+// republish is recoverer.Republish with its panic, which names every bad
+// argument, returned as an error, so that Tiers names them with its own.
+func republish(pub recoverer.Publisher, exchange, key string, opts []recoverer.Option) (r *recoverer.Republisher, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%v", p)
+		}
+	}()
+	return recoverer.Republish(pub, exchange, key, opts...), nil
 }
 
 // Recover publishes d to its next tier, or to the DLQ, and returns after the

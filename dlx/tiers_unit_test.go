@@ -3,6 +3,8 @@ package dlx_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/pubtest"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/recoverer"
 )
 
 // Where Tiers sends a failed message, by its retry count, without a broker:
@@ -55,4 +58,57 @@ func TestTierRouting(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestTierNextDelay(t *testing.T) {
+	topo := dlx.Topology{Queue: "orders", RetryDelays: []time.Duration{time.Second, time.Minute}}
+	pub := &pubtest.Publisher{}
+	tests := []struct {
+		name       string
+		opts       []dlx.TierOption
+		retryCount int64
+		want       time.Duration // 0: the DLQ
+	}{
+		{"fresh message: first tier", nil, 0, time.Second},
+		{"second retry: second tier", nil, 1, time.Minute},
+		{"default limit is one retry per tier", nil, 2, 0},
+		{"past the tiers: the last one again", []dlx.TierOption{dlx.MaxRetries(4)}, 3, time.Minute},
+		{"at the limit: the DLQ", []dlx.TierOption{dlx.MaxRetries(4)}, 4, 0},
+		{"MaxRetries(0): the DLQ at once", []dlx.TierOption{dlx.MaxRetries(0)}, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &amqp.Delivery{Headers: amqp.Table{dlx.RetryCountHeader: tt.retryCount}}
+			if got := topo.Tiers(pub, tt.opts...).NextDelay(d); got != tt.want {
+				t.Errorf("NextDelay with retry-count %d = %v, want %v", tt.retryCount, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestMaxRetriesRejectsANegativeCount(t *testing.T) {
+	topo := dlx.Topology{Queue: "orders", RetryDelays: []time.Duration{time.Second}}
+	pub := &pubtest.Publisher{}
+	defer func() {
+		if r := recover(); !strings.Contains(fmt.Sprint(r), "MaxRetries expects n >= 0, got -1") {
+			t.Errorf("Tiers with MaxRetries(-1) panicked with %v, want the option's name and value", r)
+		}
+	}()
+	topo.Tiers(pub, dlx.MaxRetries(-1))
+}
+
+// Tiers names every problem at once: the topology's, its own options', and
+// those of the republish options it passes on, with their values.
+func TestTiersNamesEveryBadOption(t *testing.T) {
+	defer func() {
+		got := fmt.Sprint(recover())
+		for _, want := range []string{"Topology.Queue is required", "Tiers needs Topology.RetryDelays", "MaxRetries expects n >= 0, got -2",
+			"WithHeadroom expects 0 to 1048576 bytes, got -1", "WithPublishTimeout expects a duration > 0, got 0s", "non-nil *publisher.Publisher"} {
+			if !strings.Contains(got, want) {
+				t.Errorf("Tiers panicked with %q; want it to say %q", got, want)
+			}
+		}
+	}()
+	dlx.Topology{}.Tiers(nil, dlx.MaxRetries(-2),
+		dlx.WithRepublishOptions(recoverer.WithHeadroom(-1), recoverer.WithPublishTimeout(0)))
 }

@@ -55,10 +55,14 @@
 //
 // # Publishers and invalid arguments
 //
-// Republish takes a Publisher, the one method it needs: *publisher.Publisher
-// is one, and a fake makes header building testable without a broker.
-// Arguments that are wrong whatever the broker says (a nil publisher, a
-// negative headroom, an over-long exchange name) panic at construction, with
-// every problem named at once; what depends on the broker is an error at run
-// time.
+// Republish takes a Publisher, the three methods it needs (Publish,
+// FrameMax, Username): *publisher.Publisher is one, and a fake makes header
+// building testable without a broker.
+//
+// Invalid options that cannot depend on the broker panic at construction,
+// naming every bad option; what depends on the broker is an error at run
+// time. So a nil publisher, a negative headroom or an over-long exchange name
+// panics in Republish with all of the problems and their values at once,
+// while a headroom that leaves too little of the broker's frame_max fails
+// Recover.
 package recoverer

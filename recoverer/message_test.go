@@ -5,9 +5,11 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqptable"
 	"github.com/amqpretry/amqpretry/internal/pubtest"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
@@ -119,15 +121,80 @@ func TestFailedPublishIsAnError(t *testing.T) {
 	}
 }
 
+func TestInvalidOptionsPanic(t *testing.T) {
+	pub := &pubtest.Publisher{}
+	tests := map[string]func(){
+		"recoverer: Republish expects a non-nil *publisher.Publisher":  func() { recoverer.Republish(nil, "x", "") },
+		"recoverer: WithHeadroom expects 0 to 1048576 bytes, got -1":   func() { recoverer.Republish(pub, "x", "", recoverer.WithHeadroom(-1)) },
+		"recoverer: WithPublishTimeout expects a duration > 0, got 0s": func() { recoverer.Republish(pub, "x", "", recoverer.WithPublishTimeout(0)) },
+		"recoverer: WithHeaders expects a non-nil function":            func() { recoverer.Republish(pub, "x", "", recoverer.WithHeaders(nil)) },
+		"recoverer: Fallback expects at least one Recoverer":           func() { recoverer.Fallback() },
+	}
+	for want, f := range tests {
+		t.Run(want, func(t *testing.T) {
+			defer func() {
+				if got := recover(); got != want {
+					t.Fatalf("panic = %v, want %q", got, want)
+				}
+			}()
+			f()
+		})
+	}
+}
+
+// Every bad argument is named, with its value, in one panic: not just the
+// first one found.
 func TestRepublishNamesEveryBadArgument(t *testing.T) {
 	defer func() {
 		got, _ := recover().(string)
-		for _, want := range []string{"non-nil *publisher.Publisher", "WithHeadroom", "at most 255 bytes"} {
+		for _, want := range []string{
+			"non-nil *publisher.Publisher",
+			"WithHeadroom expects 0 to 1048576 bytes, got -1",
+			"WithPublishTimeout expects a duration > 0, got -1s",
+			"WithHeaders expects a non-nil function",
+			"WithHeaderPrefix expects at most 200 bytes (header names are limited to 255), got 201",
+			"at most 255 bytes, got 300 and 0",
+		} {
 			if !strings.Contains(got, want) {
 				t.Errorf("panic %q does not say %q", got, want)
 			}
 		}
 	}()
 	var nilPub *publisher.Publisher
-	recoverer.Republish(nilPub, strings.Repeat("x", 300), "", recoverer.WithHeadroom(-1))
+	recoverer.Republish(nilPub, strings.Repeat("x", 300), "", recoverer.WithHeadroom(-1),
+		recoverer.WithPublishTimeout(-time.Second), recoverer.WithHeaders(nil), recoverer.WithHeaderPrefix(strings.Repeat("p", 201)))
+}
+
+// A dead letter replayed and failing again carries its old fault text: it
+// is replaced, not counted on top of the new one.
+func TestRefailedMessageIsRepublished(t *testing.T) {
+	pub := &pubtest.Publisher{}
+	rep := recoverer.Republish(pub, "orders.dlx", "")
+	ctx := middleware.WithQueue(context.Background(), "orders")
+	if err := middleware.Recover(rep)(failing(errors.New(strings.Repeat("a", 500_000))))(ctx, &amqp.Delivery{Body: []byte("x")}); err != nil {
+		t.Fatalf("first failure: %v", err)
+	}
+	first := pub.Sent()[0].Msg
+	replayed := &amqp.Delivery{Body: first.Body, Headers: first.Headers} // replayed as is
+	if err := middleware.Recover(rep)(failing(errors.New(strings.Repeat("b", 500_000))))(ctx, replayed); err != nil {
+		t.Fatalf("second failure: %v", err)
+	}
+	second := pub.Sent()[1].Msg
+	if msg, _ := second.Headers["x-exception-message"].(string); !strings.HasPrefix(msg, "bbb") {
+		t.Errorf("the new failure's message should replace the old one, got %.20q", msg)
+	}
+}
+
+// The headers fit the frame_max the publisher reports, not RabbitMQ's
+// default: a broker configured with smaller frames gets smaller headers.
+func TestHeadersFitThePublishersFrameMax(t *testing.T) {
+	pub := &pubtest.Publisher{Frame: 16384}
+	rep := recoverer.Republish(pub, "orders.dlx", "", recoverer.WithHeadroom(2000))
+	if err := rep.Recover(context.Background(), &amqp.Delivery{Body: []byte("x")}, errors.New(strings.Repeat("e", 100_000))); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	h := pub.Sent()[0].Msg.Headers
+	if size, budget := amqptable.Size(h), 16384-2000; size > budget || size < budget-2048 {
+		t.Errorf("headers take %d bytes; with frame_max 16384 and headroom 2000 they should nearly fill %d", size, budget)
+	}
 }

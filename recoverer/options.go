@@ -2,6 +2,7 @@ package recoverer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -24,12 +25,8 @@ func defaultConfig() config {
 	return config{stackTrace: true, headroom: DefaultHeadroom, prefix: DefaultHeaderPrefix, publishTimeout: 30 * time.Second}
 }
 
-func (c config) validate() error {
-	if len(c.errs) > 0 {
-		return c.errs[0]
-	}
-	return nil
-}
+// validate reports every invalid option, not just the first.
+func (c config) validate() error { return errors.Join(c.errs...) }
 
 // WithStackTrace turns x-exception-stacktrace on (the default) or off. Stacks
 // and error chains can reveal internals; see the package documentation.
@@ -54,7 +51,7 @@ func WithHeadroom(bytes int) Option {
 func WithHeaders(f func(ctx context.Context, d *amqp.Delivery, cause error) amqp.Table) Option {
 	return func(c *config) {
 		if f == nil {
-			c.errs = append(c.errs, fmt.Errorf("recoverer: WithHeaders expects a non-nil function"))
+			c.errs = append(c.errs, errors.New("recoverer: WithHeaders expects a non-nil function"))
 		}
 		c.extra = append(c.extra, f)
 	}

@@ -54,14 +54,18 @@ type Republisher struct {
 
 var _ middleware.Recoverer = (*Republisher)(nil)
 
-// Publisher is what a recoverer needs of a publisher: Publish returns once
-// the broker has confirmed msg, and any other outcome is an error.
-// *publisher.Publisher is one; tests can use a fake. Republish also asks it,
-// when it has them, for FrameMax() int (the negotiated frame_max, which bounds
-// the headers; without it RabbitMQ's default, 131072) and Username() string
-// (the user it publishes as: a copy keeps no user-id naming anyone else).
+// Publisher is what Republish, dlx.Topology.Tiers and dlx.Replay need of a
+// publisher. *publisher.Publisher is one; tests can use a fake.
 type Publisher interface {
+	// Publish returns nil once the broker has confirmed msg; any other
+	// outcome (unroutable, nacked, no confirm) is an error.
 	Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error
+	// FrameMax is the frame_max negotiated with the broker, which bounds a
+	// copy's headers; 0 means RabbitMQ's default, 131072.
+	FrameMax() int
+	// Username is the user it publishes as: a copy keeps no user-id naming
+	// anyone else, since RabbitMQ refuses it.
+	Username() string
 }
 
 var _ Publisher = (*publisher.Publisher)(nil)
@@ -152,7 +156,7 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	headers[HeaderOriginalRoutingKey] = key
 	headers[p+SuffixOriginalQueue] = chainctx.Queue(ctx)
 	headers[p+SuffixErrorType] = middleware.ErrorType(cause)
-	headers[p+SuffixAttempts] = int64(AttemptsMade(ctx, cause))
+	headers[p+SuffixAttempts] = int64(FailedAttempts(ctx, cause))
 	headers[p+SuffixFailedAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	headers[p+SuffixHost] = r.host
 
@@ -161,7 +165,7 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	if d.Expiration != "" {
 		headers[p+SuffixOriginalExpiration] = d.Expiration // dead letters must not expire
 	}
-	if d.UserId != "" && d.UserId != r.username() {
+	if d.UserId != "" && d.UserId != r.pub.Username() {
 		headers[p+SuffixOriginalUserID] = d.UserId
 		msg.UserId = ""
 	}
@@ -201,19 +205,10 @@ func (r *Republisher) headerBudget(msg amqp.Publishing) int {
 const propagationReserve = 1024
 
 func (r *Republisher) frameMax() int {
-	if p, ok := r.pub.(interface{ FrameMax() int }); ok {
-		if fm := p.FrameMax(); fm > 0 {
-			return fm
-		}
+	if fm := r.pub.FrameMax(); fm > 0 {
+		return fm
 	}
 	return 131072 // RabbitMQ's default
-}
-
-func (r *Republisher) username() string {
-	if p, ok := r.pub.(interface{ Username() string }); ok {
-		return p.Username()
-	}
-	return ""
 }
 
 // checkRoom reports a headroom that leaves too little of the broker's
@@ -230,9 +225,11 @@ func (r *Republisher) checkRoom() error {
 // minHeaderRoom is the least a headroom may leave for headers.
 const minHeaderRoom = 4096
 
-// AttemptsMade is the number of attempts made: from Retry's error when Recover
-// sits outside Retry, else from the attempt in progress.
-func AttemptsMade(ctx context.Context, cause error) int {
+// FailedAttempts is how many attempts failed before the recovery, the value
+// of the attempts fault header: the count in Retry's error when Recover sits
+// outside Retry (middleware.AttemptsMade), else the attempt in progress
+// (middleware.Attempt).
+func FailedAttempts(ctx context.Context, cause error) int {
 	if n, ok := middleware.AttemptsMade(cause); ok {
 		return n
 	}

@@ -140,21 +140,6 @@ func TestRepublishCopiesAndAnnotates(t *testing.T) {
 	}
 }
 
-func TestRepublishRoutingKey(t *testing.T) {
-	work, dlx, dlq := topology(t)
-	other := brokertest.Name(t, "other")
-	brokertest.Queue(t, other, nil)
-	brokertest.Bind(t, other, dlx, "explicit")
-	pub := newPublisher(t, brokertest.URL())
-	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("a")}, amqp.Publishing{Body: []byte("b")})
-
-	handleOne(t, work, middleware.Recover(recoverer.Republish(pub, dlx, "")), failing(errors.New("x")))
-	handleOne(t, work, middleware.Recover(recoverer.Republish(pub, dlx, "explicit")), failing(errors.New("x")))
-	if brokertest.Depth(t, dlq) != 1 || brokertest.Depth(t, other) != 1 {
-		t.Fatalf("dlq %d, other %d: want one each (\"\" keeps the original key, a key overrides it)", brokertest.Depth(t, dlq), brokertest.Depth(t, other))
-	}
-}
-
 // No path acks an original whose copy was not confirmed.
 func TestFailedRepublishKeepsTheOriginal(t *testing.T) {
 	proxy, viaProxy := brokertest.Proxy(t)
@@ -263,27 +248,6 @@ func TestRequeueKeepsEvenPermanentFailures(t *testing.T) {
 	}
 }
 
-func TestInvalidOptionsPanic(t *testing.T) {
-	pub := newPublisher(t, brokertest.URL())
-	tests := map[string]func(){
-		"recoverer: Republish expects a non-nil *publisher.Publisher":  func() { recoverer.Republish(nil, "x", "") },
-		"recoverer: WithHeadroom expects 0 to 1048576 bytes, got -1":   func() { recoverer.Republish(pub, "x", "", recoverer.WithHeadroom(-1)) },
-		"recoverer: WithPublishTimeout expects a duration > 0, got 0s": func() { recoverer.Republish(pub, "x", "", recoverer.WithPublishTimeout(0)) },
-		"recoverer: WithHeaders expects a non-nil function":            func() { recoverer.Republish(pub, "x", "", recoverer.WithHeaders(nil)) },
-		"recoverer: Fallback expects at least one Recoverer":           func() { recoverer.Fallback() },
-	}
-	for want, f := range tests {
-		t.Run(want, func(t *testing.T) {
-			defer func() {
-				if got := recover(); got != want {
-					t.Fatalf("panic = %v, want %q", got, want)
-				}
-			}()
-			f()
-		})
-	}
-}
-
 // Headroom 0 uses the frame to the last byte the other properties leave.
 func TestZeroHeadroomFitsTheFrameExactly(t *testing.T) {
 	work, dlx, dlq := topology(t)
@@ -303,26 +267,5 @@ func TestZeroHeadroomFitsTheFrameExactly(t *testing.T) {
 	// publisher may add.
 	if used, limit := amqptable.PropertiesSize(props), pub.FrameMax()-amqptable.FrameOverhead; used > limit-1024 || used < limit-1024-100 {
 		t.Errorf("properties take %d bytes; the frame allows %d, less 1024 for trace headers, and the headers should fill it", used, limit)
-	}
-}
-
-// A dead letter replayed and failing again carries its old fault text: it
-// is replaced, not counted on top of the new one.
-func TestRefailedMessageIsRepublished(t *testing.T) {
-	work, dlx, dlq := topology(t)
-	pub := newPublisher(t, brokertest.URL())
-	rep := recoverer.Republish(pub, dlx, "")
-	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x")})
-	if s, err := handleOne(t, work, middleware.Recover(rep), failing(errors.New(strings.Repeat("a", 500_000)))); s != middleware.Ack {
-		t.Fatalf("first failure: %v (%v)", s, err)
-	}
-	first, _ := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
-	brokertest.Publish(t, work, amqp.Publishing{Body: first.Body, Headers: first.Headers}) // replayed as is
-	if s, err := handleOne(t, work, middleware.Recover(rep), failing(errors.New(strings.Repeat("b", 500_000)))); s != middleware.Ack {
-		t.Fatalf("second failure: %v (%v)", s, err)
-	}
-	second, _ := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
-	if msg, _ := second.Headers["x-exception-message"].(string); !strings.HasPrefix(msg, "bbb") {
-		t.Errorf("the new failure's message should replace the old one, got %.20q", msg)
 	}
 }

@@ -14,6 +14,7 @@ import (
 const (
 	XDeath             = "x-death"
 	XDeliveryCount     = "x-delivery-count"
+	XFirstDeathQueue   = "x-first-death-queue" // the queue of the message's first dead-lettering
 	OriginalExchange   = "x-original-exchange"
 	OriginalRoutingKey = "x-original-routingKey"
 )
