@@ -30,7 +30,6 @@ type consumer struct {
 	pending    sync.WaitGroup  // deliveries in flight, on any goroutine
 	ctx        context.Context // for its deliveries: cancelled when the channel dies or handlers time out
 	cancel     context.CancelFunc
-	handle     middleware.Handler // mw(gate(CatchPanics(h)))
 	gate       chan struct{}
 	spans      spanBuffers // for startProcess, used by the current reader only
 
@@ -79,7 +78,6 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 		ctx:  sv.chainContext(ctx),
 		gate: make(chan struct{}, 1),
 	}
-	c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
 	c.consuming.Store(true)
 	c.lastActive.Store(monotime())
 	l.mu.Lock()
@@ -139,11 +137,18 @@ type delivery struct {
 }
 
 func (dd *delivery) Value(key any) any {
-	if key == chainctx.WaitHookKey {
+	switch key {
+	case chainctx.WaitHookKey:
 		return dd
+	case consumerKey{}:
+		return dd.c
 	}
 	return dd.Context.Value(key)
 }
+
+// consumerKey finds the consumer of a delivery from inside the chain, for
+// the gate.
+type consumerKey struct{}
 
 // WillWait parks the delivery: it hands the reading of deliveries to a new
 // goroutine, once.
@@ -214,11 +219,18 @@ func (c *consumer) finish() {
 	l.tel.ActiveConsumers.Add(context.Background(), -1, l.attrs.queue.Add...)
 }
 
-// gated is the consumer's worker gate around the handler. h is
+// gated is the consumers' worker gate around the handler: one handler at a
+// time per consumer, the consumer found in the delivery's context. h is
 // CatchPanics(handler): it never panics, so the gate is released without a
 // defer.
-func (c *consumer) gated(h middleware.Handler) middleware.Handler {
+func gated(h middleware.Handler) middleware.Handler {
 	return func(ctx context.Context, d *amqp.Delivery) error {
+		c, _ := ctx.Value(consumerKey{}).(*consumer)
+		if c == nil {
+			// A middleware called next with a context not derived from the
+			// delivery's: there is no consumer to count the handler against.
+			return h(ctx, d)
+		}
 		select {
 		case c.gate <- struct{}{}: // free: the usual case, no select machinery
 		default:
@@ -315,7 +327,7 @@ func (c *consumer) call(ctx context.Context, d *amqp.Delivery) (err error) {
 			err = &middleware.PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return c.handle(ctx, d)
+	return c.sv.l.handle(ctx, d)
 }
 
 // waitBeforeRequeue delays the requeue of a message that has failed before

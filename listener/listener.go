@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
 	"github.com/amqpretry/amqpretry/internal/chainctx"
@@ -23,8 +21,7 @@ import (
 // with Run.
 type Listener struct {
 	queue    string
-	mw       middleware.Middleware
-	handler  middleware.Handler
+	handle   middleware.Handler // mw(gated(CatchPanics(h))), shared by the consumers
 	cfg      config
 	redacted string
 	tel      *telemetry.Telemetry
@@ -87,16 +84,23 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 			cfg.fail("WithURL: %v", err)
 		}
 	}
+	for _, url := range cfg.conn.PlaintextDespiteTLS() {
+		cfg.fail("WithTLS: %s is amqp://, which never uses TLS: use amqps:// (port 5671 by default) or drop WithTLS", url)
+	}
 	if mw == nil {
 		mw = middleware.Chain()
 	}
-	// A dry run of the chain over a handler that succeeds at once finds its
-	// Retries and how long they may wait.
-	if wait := chainctx.WorstCaseWait(mw(func(context.Context, *amqp.Delivery) error { return nil })); wait >= cfg.consumerTimeout {
-		cfg.fail("the middleware's retries may hold a delivery for %v, longer than the consumer timeout %v: "+
-			"the broker would close the channel and redeliver it. Use fewer or shorter local retries and hand longer "+
-			"delays to broker-side retry tiers (package dlx), or raise consumer_timeout and WithConsumerTimeout together",
-			wait, cfg.consumerTimeout)
+	// The chain is built once, here, and shared by every consumer: each
+	// delivery finds its consumer's gate in its context. Building it tells
+	// how long its Retries may wait, without running any of it.
+	var handle middleware.Handler
+	if h != nil {
+		if wait := chainctx.SurveyWait(func() { handle = mw(gated(middleware.CatchPanics()(h))) }); wait >= cfg.consumerTimeout {
+			cfg.fail("the middleware's retries may hold a delivery for %v, longer than the consumer timeout %v: "+
+				"the broker would close the channel and redeliver it. Use fewer or shorter local retries and hand longer "+
+				"delays to broker-side retry tiers (package dlx), or raise consumer_timeout and WithConsumerTimeout together",
+				wait, cfg.consumerTimeout)
+		}
 	}
 	if len(cfg.errs) > 0 {
 		return nil, errors.Join(cfg.errs...)
@@ -105,7 +109,7 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 		cfg.logger = slog.Default()
 	}
 	l := &Listener{
-		queue: queue, mw: mw, handler: h, cfg: cfg,
+		queue: queue, handle: handle, cfg: cfg,
 		redacted:  cfg.conn.Redacted(),
 		consumers: map[*consumer]struct{}{},
 		tel:       telemetry.New(cfg.telemetry),

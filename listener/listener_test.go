@@ -2,6 +2,7 @@ package listener_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"strings"
@@ -228,7 +229,10 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"nil handler", "q", nil, nil, nil, "New expects a non-nil handler"},
 		{"min below one", "q", nil, h, []listener.Option{listener.WithConcurrentConsumers(0)}, "WithConcurrentConsumers expects 1 to 1000, got 0"},
 		{"max below min", "q", nil, h, []listener.Option{listener.WithConcurrentConsumers(3), listener.WithMaxConcurrentConsumers(2)}, "WithMaxConcurrentConsumers expects at least the concurrent consumers (3), got 2"},
-		{"negative prefetch", "q", nil, h, []listener.Option{listener.WithPrefetch(-1)}, "WithPrefetch expects 0 (no limit) to 65535, got -1"},
+		{"negative prefetch", "q", nil, h, []listener.Option{listener.WithPrefetch(-1)}, "WithPrefetch expects 1 to 65535, got -1"},
+		{"unlimited prefetch", "q", nil, h, []listener.Option{listener.WithPrefetch(0)}, "WithPrefetch expects 1 to 65535, got 0 (no limit)"},
+		{"TLS with amqp://", "q", nil, h, []listener.Option{listener.WithURL("amqp://u:hunter2@localhost/"), listener.WithTLS(&tls.Config{})}, "WithTLS: amqp://u:xxxxx@localhost/ is amqp://, which never uses TLS"},
+		{"retries hidden behind a copy of the delivery", "q", middleware.Chain(copyDelivery, middleware.Retry(100, middleware.WithMaxInterval(10*time.Minute))), h, nil, "may hold a delivery for 15h"},
 		{"bad scheme", "q", nil, h, []listener.Option{listener.WithURL("http://u:hunter2@localhost/")}, "WithURL: invalid AMQP URL \"http://u:xxxxx@localhost/\""},
 		{"retries past consumer_timeout", "q", middleware.Retry(300), h, nil, "the middleware's retries may hold a delivery for 49m25s, longer than the consumer timeout 30m0s"},
 		{"custom consumer timeout", "q", middleware.Retry(5), h, []listener.Option{listener.WithConsumerTimeout(10 * time.Second)}, "retry tiers (package dlx)"},
@@ -313,5 +317,37 @@ func TestDeclareOnConnectAndConflict(t *testing.T) {
 	err := l.Run(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "PRECONDITION_FAILED") {
 		t.Fatalf("Run = %v, want the declaration conflict", err)
+	}
+}
+
+// copyDelivery hands the next handler a copy of the delivery, as a decoding
+// or decompressing step does.
+func copyDelivery(next middleware.Handler) middleware.Handler {
+	return func(ctx context.Context, d *amqp.Delivery) error {
+		c := *d
+		return next(ctx, &c)
+	}
+}
+
+// New builds the chain to find its Retries and runs none of it: a middleware
+// that reads a header every real message has, or writes an audit record, is
+// not called on a message that does not exist.
+func TestNewRunsNoneOfTheChain(t *testing.T) {
+	calls := 0
+	tenant := func(next middleware.Handler) middleware.Handler {
+		return func(ctx context.Context, d *amqp.Delivery) error {
+			calls++
+			_ = d.Headers["tenant"].(string) // every message of ours has one
+			return next(ctx, d)
+		}
+	}
+	handled := 0
+	h := func(context.Context, *amqp.Delivery) error { handled++; return nil }
+	l, err := listener.New("q", middleware.Chain(tenant, middleware.Retry(3), middleware.Recover(neverRecover(t))), h)
+	if err != nil || l == nil {
+		t.Fatalf("New = %v", err)
+	}
+	if calls != 0 || handled != 0 {
+		t.Errorf("New ran the middleware %d and the handler %d times, want neither", calls, handled)
 	}
 }

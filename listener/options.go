@@ -83,6 +83,8 @@ func WithURL(url string) Option { return func(c *config) { c.conn.URLs = []strin
 
 // WithTLS sets the TLS configuration for amqps://. Without it, amqps://
 // verifies the broker against the system's roots and the URL's host name.
+// The config is cloned at each dial, so one may be shared. New refuses it
+// with an amqp:// URL, which never uses TLS: a silent fall back to plaintext.
 func WithTLS(t *tls.Config) Option { return func(c *config) { c.conn.TLS = t } }
 
 // WithHeartbeat sets the AMQP heartbeat: a broker that stops answering is
@@ -128,12 +130,18 @@ func WithMaxConcurrentConsumers(n int) Option {
 	return func(c *config) { c.max, c.maxSet = n, true }
 }
 
-// WithPrefetch sets each consumer's basic.qos prefetch count. 0 means no
-// limit. Default DefaultPrefetch (250), see there why.
+// WithPrefetch sets each consumer's basic.qos prefetch count, 1 to 65535.
+// Default DefaultPrefetch (250), see there why. AMQP's 0, no limit, is
+// refused: every delivery waiting between retries or before its requeue
+// holds a goroutine, and without a limit the broker would send the whole
+// queue to a consumer whose messages fail.
 func WithPrefetch(n int) Option {
 	return func(c *config) {
-		if n < 0 || n > 65535 {
-			c.fail("WithPrefetch expects 0 (no limit) to 65535, got %d", n)
+		switch {
+		case n == 0:
+			c.fail("WithPrefetch expects 1 to 65535, got 0 (no limit): each delivery waiting between retries holds a goroutine, so the prefetch is what bounds them")
+		case n < 0 || n > 65535:
+			c.fail("WithPrefetch expects 1 to 65535, got %d", n)
 		}
 		c.prefetch = n
 	}

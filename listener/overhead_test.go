@@ -44,7 +44,6 @@ func BenchmarkDeliveryOverhead(b *testing.B) {
 			defer sv.cancelHandlers()
 			c := &consumer{sv: sv, gate: make(chan struct{}, 1)}
 			c.ctx = sv.chainContext(sv.handlerCtx)
-			c.handle = l.mw(c.gated(middleware.CatchPanics()(handler)))
 			b.ReportAllocs()
 			for b.Loop() {
 				dd := &delivery{Delivery: amqp.Delivery{Acknowledger: nopAck{}, DeliveryTag: 1, RoutingKey: "q", MessageId: "m"}, c: c}

@@ -46,8 +46,8 @@ func Recover(r Recoverer) Middleware {
 	return func(next Handler) Handler {
 		return func(ctx context.Context, d *amqp.Delivery) error {
 			err := next(ctx, d)
-			if err == nil || errors.Is(err, ErrInterrupted) || d == chainctx.ProbeDelivery {
-				return err // the listener's dry run (New's consumer-timeout check) never reaches a recoverer
+			if err == nil || errors.Is(err, ErrInterrupted) {
+				return err
 			}
 			if cerr := ctx.Err(); cerr != nil {
 				return &InterruptedError{Attempt: Attempt(ctx), Reason: cerr, Last: err}

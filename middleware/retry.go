@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
@@ -44,7 +45,11 @@ func Retry(maxAttempts int, opts ...RetryOption) Middleware {
 	if o.telemetry.TracerProvider != nil || o.telemetry.MeterProvider != nil {
 		p.own = telemetry.New(o.telemetry)
 	}
+	worst := p.worstCaseWait()
 	return func(next Handler) Handler {
+		// The listener surveys the chain as it builds it, to compare
+		// the waits with the broker's consumer_timeout.
+		chainctx.RetryBuilt(worst, maxAttempts)
 		return func(ctx context.Context, d *amqp.Delivery) error {
 			return p.execute(ctx, d, next)
 		}

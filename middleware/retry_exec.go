@@ -30,11 +30,6 @@ type execution struct {
 // execute runs one delivery through the policy: attempts, the decision after
 // each failure, and the waits between them.
 func (p *retryPolicy) execute(ctx context.Context, d *amqp.Delivery, next Handler) error {
-	if d == chainctx.ProbeDelivery {
-		if pr, ok := chainctx.ProbeFrom(ctx); ok {
-			return p.runProbe(ctx, pr, d, next)
-		}
-	}
 	tel := p.telemetryFor(ctx)
 	ex := &execution{policy: p, tel: tel, attrs: tel.ForQueue(chainctx.Queue(ctx))}
 	if p.maxElapsed > 0 {

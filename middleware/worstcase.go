@@ -1,24 +1,9 @@
 package middleware
 
 import (
-	"context"
 	"math"
 	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/amqpretry/amqpretry/internal/chainctx"
 )
-
-// runProbe is Retry's part in chainctx.WorstCaseWait's dry run: its own
-// worst case, plus the chain's below it on every attempt.
-func (p *retryPolicy) runProbe(ctx context.Context, pr *chainctx.Probe, d *amqp.Delivery, next Handler) error {
-	inner := &chainctx.Probe{}
-	err := next(chainctx.WithProbe(ctx, inner), d)
-	// Every attempt may spend the inner chain's worst case waiting as well.
-	pr.Wait = addSaturating(pr.Wait, addSaturating(p.worstCaseWait(), mulSaturating(inner.Wait, p.maxAttempts)))
-	return err
-}
 
 // worstCaseWait is the sum of the delays Retry may wait, at their largest:
 // interval i is f(i) = min(initial·multiplier^i, max) as backoff/v4 computes
@@ -88,21 +73,4 @@ func durationFromFloat(f float64) time.Duration {
 		return math.MaxInt64
 	}
 	return time.Duration(f)
-}
-
-func addSaturating(a, b time.Duration) time.Duration {
-	if a > math.MaxInt64-b {
-		return math.MaxInt64
-	}
-	return a + b
-}
-
-func mulSaturating(d time.Duration, n int) time.Duration {
-	if d == 0 || n == 0 {
-		return 0
-	}
-	if d > math.MaxInt64/time.Duration(n) {
-		return math.MaxInt64
-	}
-	return d * time.Duration(n)
 }

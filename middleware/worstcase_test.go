@@ -12,12 +12,13 @@ import (
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
-// worstCaseWait runs the dry run over mw as listener.New does.
+// worstCaseWait surveys mw as listener.New does: it builds the chain and
+// runs none of it.
 func worstCaseWait(mw middleware.Middleware) time.Duration {
 	if mw == nil {
 		return 0
 	}
-	return chainctx.WorstCaseWait(mw(func(context.Context, *amqp.Delivery) error { return nil }))
+	return chainctx.SurveyWait(func() { mw(func(context.Context, *amqp.Delivery) error { return nil }) })
 }
 
 // Retry(5) may hold a delivery 15s; Retry(200), 32m45s, past RabbitMQ's
@@ -57,7 +58,9 @@ func TestWorstCaseWait(t *testing.T) {
 		{"bounded by the elapsed limit", middleware.Retry(100, middleware.WithMaxElapsedTime(time.Minute)), time.Minute},
 		{"nested retries multiply", middleware.Chain(middleware.Retry(2), middleware.Retry(3)), 1*s + 2*3*s},
 		{"huge policies saturate", middleware.Retry(math.MaxInt, middleware.WithMaxInterval(time.Duration(math.MaxInt64/2))), math.MaxInt64},
-		{"a middleware that never calls next hides the retries", middleware.Chain(shortCircuit, middleware.Retry(5)), 0},
+		{"a middleware that never calls next hides no retry", middleware.Chain(shortCircuit, middleware.Retry(5)), 15 * s},
+		{"nested through a middleware of the user's", middleware.Chain(middleware.Retry(2), shortCircuit, middleware.Retry(3)), 1*s + 2*3*s},
+		{"a delivery copied on the way", middleware.Chain(copying, middleware.Retry(100, middleware.WithMaxInterval(10*time.Minute))), 89*10*time.Minute + 1023*s},
 		{"constant waits, computed not looped", middleware.Retry(math.MaxInt32, middleware.WithMultiplier(1), middleware.WithInitialInterval(time.Millisecond)), time.Duration(math.MaxInt32-1) * time.Millisecond},
 		{"growth that never reaches the cap", middleware.Retry(4, middleware.WithMultiplier(1.5), middleware.WithMaxInterval(time.Hour)), 1*s + 1500*time.Millisecond + 2250*time.Millisecond},
 		{"hand-off: only waits up to the threshold", middleware.Retry(10, middleware.HandOffAfter(5*s)), 1*s + 2*s + 4*s},
@@ -72,13 +75,23 @@ func TestWorstCaseWait(t *testing.T) {
 			}
 		})
 	}
-	// A middleware below Recover that rejects the probe's empty delivery must
-	// not make the probe reach the recoverer.
+	// The survey runs nothing: not the handler, not a middleware, not a
+	// recoverer or a hook.
+	called := 0
 	validate := func(middleware.Handler) middleware.Handler {
-		return func(context.Context, *amqp.Delivery) error { return errBoom }
+		return func(context.Context, *amqp.Delivery) error { called++; return errBoom }
 	}
 	_ = worstCaseWait(middleware.Chain(middleware.Retry(3), middleware.Recover(r), validate))
-	if r.Calls() != 0 || hooked != 0 {
-		t.Errorf("the probe recovered %d and hooked %d times, want neither", r.Calls(), hooked)
+	if r.Calls() != 0 || hooked != 0 || called != 0 {
+		t.Errorf("the survey recovered %d, hooked %d and called a middleware %d times, want none", r.Calls(), hooked, called)
+	}
+}
+
+// copying hands the next handler a copy of the delivery, as a decoding or
+// decompressing step does.
+func copying(next middleware.Handler) middleware.Handler {
+	return func(ctx context.Context, d *amqp.Delivery) error {
+		c := *d
+		return next(ctx, &c)
 	}
 }

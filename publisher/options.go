@@ -44,6 +44,8 @@ func defaultConfig() config {
 
 // WithTLS sets the TLS configuration for amqps:// URLs. Without it amqps://
 // verifies the broker against the system's roots and the URL's host name.
+// The config is cloned at each dial, so one may be shared. New refuses it
+// with an amqp:// URL, which never uses TLS: a silent fall back to plaintext.
 func WithTLS(c *tls.Config) Option {
 	return func(cfg *config) { cfg.conn.TLS = c }
 }

@@ -63,13 +63,16 @@ func New(url string, opts ...Option) (*Publisher, error) {
 	for _, opt := range opts {
 		opt(&cfg)
 	}
+	cfg.conn.URLs = []string{url}
+	for _, url := range cfg.conn.PlaintextDespiteTLS() {
+		cfg.fail("WithTLS: %s is amqp://, which never uses TLS: use amqps:// (port 5671 by default) or drop WithTLS", url)
+	}
 	if len(cfg.errs) > 0 {
 		return nil, errors.Join(cfg.errs...)
 	}
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
-	cfg.conn.URLs = []string{url}
 	p := &Publisher{
 		redacted: cfg.conn.Redacted(),
 		username: uri.Username,

@@ -2,6 +2,7 @@ package publisher_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -226,6 +227,7 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"confirm timeout", brokertest.URL(), []publisher.Option{publisher.WithConfirmTimeout(0)}, "WithConfirmTimeout expects a duration > 0, got 0s"},
 		{"heartbeat", brokertest.URL(), []publisher.Option{publisher.WithHeartbeat(time.Millisecond)}, "WithHeartbeat expects at least 1s, got 1ms"},
 		{"logger", brokertest.URL(), []publisher.Option{publisher.WithLogger(nil)}, "WithLogger expects a non-nil logger"},
+		{"TLS with amqp://", "amqp://u:hunter2@127.0.0.1:1/", []publisher.Option{publisher.WithTLS(&tls.Config{})}, "WithTLS: amqp://u:xxxxx@127.0.0.1:1/ is amqp://, which never uses TLS"},
 		{"unreachable", "amqp://u:hunter2@127.0.0.1:1/", nil, "cannot connect to amqp://u:xxxxx@127.0.0.1:1/"},
 		{"access refused", brokertest.WithCredentials("guest", "wrong-hunter2"), nil, "cannot connect"},
 	}

@@ -42,6 +42,23 @@ func (c Config) Redacted() string {
 	return strings.Join(redacted, ", ")
 }
 
+// PlaintextDespiteTLS returns, redacted, the addresses that are amqp://
+// although c has a TLS config: amqp091 uses the config only for amqps://, so
+// a caller who gave one and an amqp:// URL would talk in plaintext while
+// believing otherwise. The listener and the publisher refuse them.
+func (c Config) PlaintextDespiteTLS() []string {
+	if c.TLS == nil {
+		return nil
+	}
+	var plain []string
+	for _, url := range c.URLs {
+		if uri, err := amqpurl.Parse(url); err == nil && uri.Scheme != "amqps" {
+			plain = append(plain, amqpurl.Redact(url))
+		}
+	}
+	return plain
+}
+
 // Conn is an AMQP connection and its socket.
 type Conn struct {
 	*amqp.Connection

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
 
 	"github.com/amqpretry/amqpretry/internal/chainctx"
@@ -55,20 +54,27 @@ func TestValuesRoundTrip(t *testing.T) {
 	}
 }
 
-// A chain whose middlewares report their waits to the probe: WorstCaseWait
-// adds them up without the handler doing anything else.
-func TestWorstCaseWaitAddsWhatTheChainReports(t *testing.T) {
-	report := func(d time.Duration, next func(context.Context, *amqp.Delivery) error) func(context.Context, *amqp.Delivery) error {
-		return func(ctx context.Context, dl *amqp.Delivery) error {
-			if p, ok := chainctx.ProbeFrom(ctx); ok && dl == chainctx.ProbeDelivery {
-				p.Wait += d
-			}
-			return next(ctx, dl)
-		}
+// Retries report themselves as they are built, innermost first; an outer one
+// multiplies what it wraps by its attempts.
+func TestSurveyWaitNestsInBuildOrder(t *testing.T) {
+	got := chainctx.SurveyWait(func() {
+		chainctx.RetryBuilt(2*time.Second, 3) // inner: built first
+		chainctx.RetryBuilt(time.Second, 2)   // outer: wraps it
+	})
+	if want := time.Second + 2*2*time.Second; got != want {
+		t.Errorf("SurveyWait = %v, want %v", got, want)
 	}
-	handled := 0
-	h := func(context.Context, *amqp.Delivery) error { handled++; return nil }
-	if got := chainctx.WorstCaseWait(report(time.Second, report(2*time.Second, h))); got != 3*time.Second || handled != 1 {
-		t.Fatalf("WorstCaseWait = %v after %d handler calls, want 3s after one", got, handled)
+	if got := chainctx.SurveyWait(func() {}); got != 0 {
+		t.Errorf("a chain without Retry: SurveyWait = %v, want 0", got)
+	}
+	chainctx.RetryBuilt(time.Hour, 5) // outside a survey: nobody counts it
+	if got := chainctx.SurveyWait(func() { chainctx.RetryBuilt(time.Second, 2) }); got != time.Second {
+		t.Errorf("a Retry built before the survey leaked into it: SurveyWait = %v, want 1s", got)
+	}
+	if got := chainctx.SurveyWait(func() {
+		chainctx.RetryBuilt(time.Duration(1<<62), 4)
+		chainctx.RetryBuilt(time.Duration(1<<62), 4)
+	}); got != time.Duration(1<<63-1) {
+		t.Errorf("huge waits: SurveyWait = %v, want the largest duration", got)
 	}
 }
