@@ -12,6 +12,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
 	"github.com/amqpretry/amqpretry/internal/chainctx"
+	"github.com/amqpretry/amqpretry/internal/errtext"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -205,7 +206,7 @@ func (sv *supervisor) loop(ctx context.Context) error {
 			return err
 		}
 		delay := redial.Next()
-		l.cfg.logger.Warn("listener: connection problem; redialing", "queue", l.queue, "url", l.redacted, "error", err, "retry_in", delay)
+		l.cfg.logger.Warn("listener: connection problem; redialing", "queue", l.queue, "url", l.redacted, "error", errtext.String(err), "retry_in", delay)
 		if amqpconn.Sleep(ctx, delay) != nil {
 			return nil
 		}

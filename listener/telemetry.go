@@ -10,6 +10,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/amqpretry/amqpretry/internal/errtext"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -108,7 +109,7 @@ func (l *Listener) endProcess(ctx context.Context, span trace.Span, began int64,
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String(AttrSettlement, s.String()))
 		if failed {
-			span.SetStatus(codes.Error, err.Error())
+			span.SetStatus(codes.Error, errtext.String(err))
 			span.SetAttributes(semconv.ErrorTypeKey.String(middleware.ErrorType(err)))
 		}
 	}

@@ -3,6 +3,8 @@ package listener_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -396,5 +398,81 @@ func TestProcessSpanExcludesTheRequeueDelay(t *testing.T) {
 		if d := p.EndTime().Sub(p.StartTime()); d > 300*time.Millisecond {
 			t.Errorf("a process span lasted %v: it includes the 600ms requeue delay", d)
 		}
+	}
+}
+
+// nilDerefError's methods read its fields: returned as a typed nil (var e
+// *nilDerefError; return e), every one of them panics.
+type nilDerefError struct{ cause error }
+
+func (e *nilDerefError) Error() string { return "broken: " + e.cause.Error() }
+func (e *nilDerefError) Unwrap() error { return e.cause }
+
+type errorPanicsOnly struct{}
+
+func (*errorPanicsOnly) Error() string { panic("Error called") }
+
+// A handler error whose methods panic is a failure like any other: it is
+// requeued and handled later, with tracing on and a JSON log (which calls
+// Error itself), instead of taking the process down in the listener's
+// telemetry or settlement, outside any recover.
+func TestHandlerErrorWhoseMethodsPanic(t *testing.T) {
+	var typedNil *nilDerefError
+	var onlyError *errorPanicsOnly
+	for _, tt := range []struct {
+		name    string
+		mw      middleware.Middleware
+		err     error
+		logged  string
+		recover bool
+	}{
+		{"Error panics, no middleware", nil, onlyError, "its Error method panicked: Error called", false},
+		{"Error and Unwrap panic, no middleware", nil, typedNil, "whose Unwrap or Is method panicked", false},
+		{"Error and Unwrap panic, Retry and Recover", nil, typedNil, "", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := observe(t)
+			q := brokertest.Name(t, "q")
+			brokertest.Queue(t, q, nil)
+			brokertest.Publish(t, q, amqp.Publishing{MessageId: "m"})
+			var logs logBuffer
+			var recovered atomic.Int32
+			mw := tt.mw
+			if tt.recover {
+				mw = middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(time.Millisecond)),
+					middleware.Recover(middleware.RecovererFunc(func(_ context.Context, _ *amqp.Delivery, cause error) error {
+						if got := recoverer.ErrorString(cause); !strings.Contains(got, "panicked") {
+							t.Errorf("the recoverer got %q", got)
+						}
+						recovered.Add(1)
+						return nil
+					})))
+			}
+			var calls atomic.Int32
+			r := start(t, q, mw, func(context.Context, *amqp.Delivery) error {
+				if calls.Add(1) == 1 || tt.recover {
+					return tt.err
+				}
+				return nil
+			}, append(o.options(), listener.WithRequeueDelay(10*time.Millisecond, 10*time.Millisecond),
+				listener.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))...)
+			brokertest.Eventually(t, 10*time.Second, "handled after the failure", func() bool { return r.Stats().Handled == 1 })
+			r.Stop(t)
+			if !strings.Contains(logs.String(), tt.logged) {
+				t.Errorf("the log does not say %q:\n%s", tt.logged, logs.String())
+			}
+			if tt.recover && recovered.Load() != 1 {
+				t.Errorf("recovered %d times, want once after 2 attempts", recovered.Load())
+			}
+			failed := 0
+			for _, s := range o.named("process " + q) {
+				if s.Status().Code.String() == "Error" {
+					failed++
+				}
+			}
+			if want := map[bool]int{false: 1, true: 0}[tt.recover]; failed != want {
+				t.Errorf("%d process spans with status Error, want %d", failed, want)
+			}
+		})
 	}
 }

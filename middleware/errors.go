@@ -157,7 +157,12 @@ func HandlerError(err error) error {
 
 // ErrorType names an error for telemetry and fault headers: the Go type of
 // the handler's error (HandlerError), or "panic" for a handler panic.
-func ErrorType(err error) string {
+func ErrorType(err error) (name string) {
+	defer func() {
+		if recover() != nil { // errors.As called an As or Unwrap method of the user's that panics
+			name = fmt.Sprintf("%T", err)
+		}
+	}()
 	err = HandlerError(err)
 	var pe *PanicError
 	if errors.As(err, &pe) {

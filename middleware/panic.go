@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 
@@ -36,7 +37,28 @@ func CatchPanics() Middleware {
 					err = &PanicError{Value: v, Stack: debug.Stack()}
 				}
 			}()
-			return next(ctx, d)
+			if err = next(ctx, d); err != nil {
+				err = vetted(err)
+			}
+			return err
 		}
 	}
 }
+
+// vetted returns err, or a *PanicError that describes it when looking into it
+// panics: every middleware above, and the listener's settlement, look into
+// errors with errors.Is and errors.As, which call the error's own Unwrap and
+// Is methods, and a typed nil *MyErr whose Unwrap reads a field panics there.
+// (An Error method that panics is harmless: whatever formats errors uses
+// recoverer.ErrorString's guard.)
+func vetted(err error) (checked error) {
+	defer func() {
+		if v := recover(); v != nil {
+			checked = &PanicError{Value: fmt.Sprintf("the handler returned a %T whose Unwrap or Is method panicked: %v", err, v)}
+		}
+	}()
+	_ = errors.Is(err, errNeverReturned)
+	return err
+}
+
+var errNeverReturned = errors.New("middleware: looking into a handler's error")

@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -53,5 +54,34 @@ func TestPanicWithPermanentErrorIsNotRetried(t *testing.T) {
 	err := middleware.Chain(middleware.Retry(3), middleware.CatchPanics())(h)(context.Background(), &amqp.Delivery{})
 	if calls != 1 || middleware.SettlementFor(err) != middleware.Reject || !errors.Is(err, errBoom) {
 		t.Fatalf("err = %v after %d calls, want a rejected permanent panic after 1", err, calls)
+	}
+}
+
+// unwrapPanics is a typed nil whose Unwrap reads a field.
+type unwrapPanics struct{ cause error }
+
+func (e *unwrapPanics) Error() string { return "unwrapPanics" }
+func (e *unwrapPanics) Unwrap() error { return e.cause }
+
+// A handler's error that panics when looked into (errors.Is calls its
+// Unwrap) becomes a *PanicError that says so, which every middleware above
+// and the settlement can look into; well-behaved errors pass unchanged, and
+// so does the settlement of a hostile error that reached it some other way.
+func TestCatchPanicsVetsTheHandlersError(t *testing.T) {
+	var hostile *unwrapPanics
+	err := middleware.CatchPanics()(func(context.Context, *amqp.Delivery) error { return hostile })(context.Background(), &amqp.Delivery{})
+	var pe *middleware.PanicError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "*middleware_test.unwrapPanics whose Unwrap or Is method panicked") {
+		t.Fatalf("err = %v, want a *PanicError naming the type", err)
+	}
+	plain := errors.New("plain")
+	if got := middleware.CatchPanics()(func(context.Context, *amqp.Delivery) error { return plain })(context.Background(), &amqp.Delivery{}); got != plain {
+		t.Errorf("a plain error came back as %v", got)
+	}
+	if got := middleware.SettlementFor(fmt.Errorf("wrapped: %w", error(hostile))); got != middleware.Requeue {
+		t.Errorf("SettlementFor(hostile) = %v, want requeue", got)
+	}
+	if got := middleware.ErrorType(hostile); got != "*middleware_test.unwrapPanics" {
+		t.Errorf("ErrorType(hostile) = %q", got)
 	}
 }

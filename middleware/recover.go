@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/amqpretry/amqpretry/internal/chainctx"
+	"github.com/amqpretry/amqpretry/internal/errtext"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
@@ -100,7 +101,7 @@ func recorded(ctx context.Context, outcome telemetry.Outcome, err error) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		attrs := []attribute.KeyValue{outcome.Attr()}
 		if err != nil {
-			attrs = append(attrs, attribute.String(telemetry.KeyExceptionMessage, err.Error()))
+			attrs = append(attrs, attribute.String(telemetry.KeyExceptionMessage, errtext.String(err)))
 		}
 		span.AddEvent("recovery", trace.WithAttributes(attrs...))
 	}

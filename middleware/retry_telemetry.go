@@ -9,6 +9,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/amqpretry/amqpretry/internal/errtext"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
@@ -73,7 +74,7 @@ func (ex *execution) endAttempt(ctx context.Context, span trace.Span, outcome te
 	if span.IsRecording() { // ours: startAttempt only starts spans that record
 		span.SetAttributes(outcome.Attr())
 		if err != nil {
-			span.SetStatus(codes.Error, err.Error())
+			span.SetStatus(codes.Error, errtext.String(err))
 			span.SetAttributes(semconv.ErrorTypeKey.String(ErrorType(err)))
 		}
 		span.End()

@@ -50,9 +50,23 @@ func (s Settlement) String() string {
 // failure, and a failed recovery still requeues whatever the handler's error
 // wraps, since rejecting it could drop the only copy.
 func SettlementFor(err error) Settlement {
-	switch {
-	case err == nil:
+	if err == nil {
 		return Ack
+	}
+	return settlementOfFailure(err)
+}
+
+// settlementOfFailure looks into err with errors.Is and errors.As, which call
+// its Unwrap, Is and As methods: user code, which may panic (a typed nil
+// *MyErr whose Unwrap reads a field). Such an error is a failure like any
+// other: requeued.
+func settlementOfFailure(err error) (s Settlement) {
+	defer func() {
+		if recover() != nil {
+			s = Requeue
+		}
+	}()
+	switch {
 	case errors.Is(err, ErrInterrupted):
 		return Release
 	case errors.Is(err, ErrRecoveryFailed):

@@ -14,6 +14,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/amqpretry/amqpretry/internal/errtext"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
@@ -92,7 +93,7 @@ func (p *Publisher) endSend(ctx context.Context, span trace.Span, began time.Tim
 		kind := publishErrorType(err)
 		attrs = p.tel.Messaging(telemetry.OperationSend, destination(exchange), kind)
 		if span.IsRecording() {
-			span.SetStatus(codes.Error, err.Error())
+			span.SetStatus(codes.Error, errtext.String(err))
 			span.SetAttributes(semconv.ErrorTypeKey.String(kind))
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/amqpretry/amqpretry/internal/amqptable"
+	"github.com/amqpretry/amqpretry/internal/errtext"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -63,15 +64,8 @@ func (w *chainWriter) write(err error, depth int) {
 }
 
 // ErrorString is err.Error(), made valid UTF-8, and safe from an Error method
-// that panics.
-func ErrorString(err error) (s string) {
-	defer func() {
-		if v := recover(); v != nil {
-			s = fmt.Sprintf("%T (its Error method panicked: %v)", err, v)
-		}
-	}()
-	return strings.ToValidUTF8(err.Error(), "\uFFFD")
-}
+// that panics, for a Recoverer of your own that writes the error somewhere.
+func ErrorString(err error) string { return errtext.String(err) }
 
 // fitFaultText makes the exception message and stack trace fit in room bytes
 // of header table, their own keys and type tags included: it cuts the stack
