@@ -37,6 +37,7 @@ type consumer struct {
 	consuming atomic.Bool
 	stopping  atomic.Bool // the listener cancelled it: requeue what still arrives
 
+	unsettled                  unsettled // the deliveries in flight, oldest first
 	inFlight, running, waiting atomic.Int64
 	busyNanos                  atomic.Int64 // handler time of finished calls
 	busySince                  atomic.Int64 // monotime when the running call started, or 0
@@ -135,6 +136,10 @@ type delivery struct {
 	amqp.Delivery
 	c      *consumer
 	reader atomic.Bool // its goroutine is still the consumer's reader
+
+	received   int64     // monotime when it was read
+	prev, next *delivery // in its consumer's unsettled list
+	agedWarned bool      // the log said it nears the consumer timeout; under unsettled.mu
 }
 
 func (dd *delivery) Value(key any) any {
@@ -178,8 +183,9 @@ func (c *consumer) read() {
 		}
 		c.inFlight.Add(1)
 		c.pending.Add(1)
-		dd := &delivery{Delivery: d, c: c}
+		dd := &delivery{Delivery: d, c: c, received: monotime()}
 		dd.reader.Store(true)
+		c.unsettled.add(dd)
 		c.process(dd)
 		if !dd.reader.CompareAndSwap(true, false) {
 			return // it parked: another goroutine reads now
@@ -280,9 +286,10 @@ func (c *consumer) waitForGate(ctx context.Context) error {
 func (c *consumer) process(dd *delivery) {
 	defer c.pending.Done()
 	defer c.inFlight.Add(-1)
+	defer c.unsettled.remove(dd)
 	l := c.sv.l
 	d := &dd.Delivery
-	began := monotime()
+	began := dd.received
 	ctx, span := l.startProcess(c.ctx, d, &c.spans, began)
 	dd.Context = ctx
 	err := c.call(dd, d)

@@ -46,8 +46,9 @@ func BenchmarkDeliveryOverhead(b *testing.B) {
 			c.ctx = sv.chainContext(sv.handlerCtx)
 			b.ReportAllocs()
 			for b.Loop() {
-				dd := &delivery{Delivery: amqp.Delivery{Acknowledger: nopAck{}, DeliveryTag: 1, RoutingKey: "q", MessageId: "m"}, c: c}
+				dd := &delivery{Delivery: amqp.Delivery{Acknowledger: nopAck{}, DeliveryTag: 1, RoutingKey: "q", MessageId: "m"}, c: c, received: monotime()}
 				dd.reader.Store(true)
+				c.unsettled.add(dd)
 				c.inFlight.Add(1)
 				c.pending.Add(1)
 				c.process(dd)
