@@ -21,6 +21,35 @@
 // waiting between retries holds no worker, and the healthy messages behind a
 // poison one keep flowing.
 //
+// # What a handler must not do
+//
+// A handler must not settle its own delivery (d.Ack, d.Nack, d.Reject): the
+// listener settles every delivery once the chain returns, and a second ack of
+// the same delivery tag is a protocol error with which the broker closes the
+// channel, requeueing every other delivery on it. Return nil, an error, or a
+// Permanent error instead.
+//
+// A handler must not wait for another message of the same queue to arrive
+// (a reply, the next part of a batch): one handler runs at a time per
+// consumer, so the message it waits for is either queued behind it on the
+// same consumer or prefetched by another, and it can wait until the consumer
+// timeout. Collect such messages in a store of your own and return.
+//
+// # Consumer timeout
+//
+// RabbitMQ closes a consumer's channel when a delivery stays unacknowledged
+// past its consumer_timeout (30 minutes by default), and every delivery on
+// that channel goes back to the queue. New refuses a chain whose Retries
+// alone may wait that long (WithConsumerTimeout tells it the broker's
+// setting); it finds them by building the chain, never by running it. What
+// New cannot know, the handler's time on each attempt and a delivery's turns
+// behind the rest of the prefetch, the listener watches at run time: it logs
+// a warning, once per delivery, when the oldest delivery in flight reaches
+// 80% of the timeout, and Stats().OldestInFlight shows that age. It counts
+// from when the listener read the delivery; a delivery prefetched behind a
+// busy handler waited in the client before that, so with slow handlers keep
+// WithPrefetch × handler time well under the timeout.
+//
 // # Scaling
 //
 // Between WithConcurrentConsumers and WithMaxConcurrentConsumers, the listener
@@ -75,7 +104,7 @@
 // # Invalid options
 //
 // New checks every argument and option, and the chain's worst-case wait
-// against WithConsumerTimeout, before it returns: one error names each
+// between attempts against WithConsumerTimeout, before it returns: one error names each
 // problem with its value (errors.Join), rather than the first alone. Nothing
 // is checked against the broker until Run. New does not panic; the
 // middleware constructors it is given do, for mistakes in the code.
