@@ -8,7 +8,6 @@ const (
 	queueKey key = iota
 	interruptKey
 	waitHookKey
-	probeKey
 )
 
 // WithQueue records the queue a delivery came from; amqp.Delivery does not
