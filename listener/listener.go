@@ -198,20 +198,32 @@ type supervisor struct {
 func (sv *supervisor) loop(ctx context.Context) error {
 	l := sv.l
 	redial := amqpconn.NewRedialer()
+	dialer := amqpconn.NewDialer(l.cfg.conn)
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
-		conn, err := l.dial(ctx)
+		conn, err := l.dial(ctx, dialer)
+		var served time.Duration
 		if err == nil {
 			redial.Reset()
+			l.cfg.logger.Info("listener: connected", "queue", l.queue, "url", conn.RedactedURL)
+			began := time.Now()
 			err = sv.serve(ctx, conn)
+			served = time.Since(began)
 		}
 		switch {
 		case ctx.Err() != nil, err == nil:
 			return nil // shutting down, whatever else happened meanwhile
 		case isFatal(err):
 			return err
+		}
+		if dialer.Several() && served >= time.Second {
+			// A node of a cluster went away: the others are likely up, and
+			// the dialer tries the lost one last. A connection that dies as
+			// soon as it opens is paced like a failed dial instead.
+			l.cfg.logger.Warn("listener: connection lost; dialing the other nodes", "queue", l.queue, "lost", conn.RedactedURL, "error", errtext.String(err))
+			continue
 		}
 		delay := redial.Next()
 		l.cfg.logger.Warn("listener: connection problem; redialing", "queue", l.queue, "url", l.redacted, "error", errtext.String(err), "retry_in", delay)
@@ -246,8 +258,8 @@ func (sv *supervisor) shutdown() {
 	}
 }
 
-func (l *Listener) dial(ctx context.Context) (*amqpconn.Conn, error) {
-	conn, err := amqpconn.Dial(ctx, l.cfg.conn)
+func (l *Listener) dial(ctx context.Context, dialer *amqpconn.Dialer) (*amqpconn.Conn, error) {
+	conn, err := dialer.Dial(ctx)
 	if err != nil {
 		if url, refusal := amqpconn.LoginRefused(err); refusal != nil {
 			return nil, &fatalError{fmt.Errorf("listener: the broker at %s refused the login: %w", url, refusal)}

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -80,6 +81,25 @@ func (c *config) fail(format string, args ...any) {
 // WithURL sets the broker, amqp:// or amqps://. Default
 // amqp://guest:guest@127.0.0.1:5672/.
 func WithURL(url string) Option { return func(c *config) { c.conn.URLs = []string{url} } }
+
+// WithURLs sets the nodes of a cluster, amqp:// or amqps:// each (Spring
+// AMQP's addresses). Each dial tries them in a random order, so that the
+// listeners of a fleet spread over the nodes, and logs the node it reached;
+// after losing a connection the listener dials the other nodes at once,
+// the lost one last. WithURLsInOrder keeps the order given.
+func WithURLs(urls ...string) Option {
+	return func(c *config) {
+		if len(urls) == 0 {
+			c.fail("WithURLs expects at least one URL")
+		}
+		c.conn.URLs = slices.Clone(urls)
+	}
+}
+
+// WithURLsInOrder makes each dial try the URLs in the order given, the
+// first one preferred, instead of a random order (Spring AMQP's
+// AddressShuffleMode.NONE rather than RANDOM).
+func WithURLsInOrder() Option { return func(c *config) { c.conn.InOrder = true } }
 
 // WithTLS sets the TLS configuration for amqps://. Without it, amqps://
 // verifies the broker against the system's roots and the URL's host name.

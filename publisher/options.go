@@ -96,6 +96,20 @@ func WithHeartbeat(d time.Duration) Option {
 	}
 }
 
+// WithURLs adds the other nodes of url's cluster (url may be among them):
+// each dial tries them all in a random order, so that the publishers of a
+// fleet spread over the nodes, and after losing a connection the publisher
+// dials the other nodes at once, the lost one last. Every address must log
+// in as the same user, which the recoverers rely on (WithUserID checks).
+// WithURLsInOrder keeps the order given, url first.
+func WithURLs(urls ...string) Option {
+	return func(cfg *config) { cfg.conn.URLs = append(cfg.conn.URLs, urls...) }
+}
+
+// WithURLsInOrder makes each dial try url, then the URLs of WithURLs in the
+// order given, instead of a random order.
+func WithURLsInOrder() Option { return func(cfg *config) { cfg.conn.InOrder = true } }
+
 // WithConnectionName sets the name the broker shows for the connection
 // (rabbitmqctl list_connections client_properties). Default
 // "amqpretry publisher".

@@ -21,6 +21,7 @@ import (
 // Publisher publishes with mandatory set and returns after the broker's
 // confirm. It is safe for concurrent use. Close it when done.
 type Publisher struct {
+	dialer   *amqpconn.Dialer // used by the connection goroutine only, after New
 	redacted string
 	username string
 	cfg      config
@@ -63,7 +64,23 @@ func New(url string, opts ...Option) (*Publisher, error) {
 	for _, opt := range opts {
 		opt(&cfg)
 	}
-	cfg.conn.URLs = []string{url}
+	// url first, for WithURLsInOrder; each address once.
+	urls := []string{url}
+	for _, u := range cfg.conn.URLs {
+		if !slices.Contains(urls, u) {
+			urls = append(urls, u)
+		}
+	}
+	cfg.conn.URLs = urls
+	for _, other := range cfg.conn.URLs[1:] {
+		switch ouri, err := amqpurl.Parse(other); {
+		case err != nil:
+			cfg.fail("WithURLs: %v", err)
+		case ouri.Username != uri.Username:
+			cfg.fail("WithURLs: %s logs in as %q and %s as %q: every address must log in as the same user",
+				amqpurl.Redact(url), uri.Username, amqpurl.Redact(other), ouri.Username)
+		}
+	}
 	for _, url := range cfg.conn.PlaintextDespiteTLS() {
 		cfg.fail("WithTLS: %s is amqp://, which never uses TLS: use amqps:// (port 5671 by default) or drop WithTLS", url)
 	}
@@ -74,6 +91,7 @@ func New(url string, opts ...Option) (*Publisher, error) {
 		cfg.logger = slog.Default()
 	}
 	p := &Publisher{
+		dialer:   amqpconn.NewDialer(cfg.conn),
 		redacted: cfg.conn.Redacted(),
 		username: uri.Username,
 		cfg:      cfg,
@@ -95,6 +113,7 @@ func New(url string, opts ...Option) (*Publisher, error) {
 		p.cancel()
 		return nil, fmt.Errorf("publisher: cannot open confirm channels on %s: %w", p.redacted, err)
 	}
+	cfg.logger.Info("publisher: connected", "url", conn.RedactedURL)
 	p.wg.Add(1)
 	go p.run(conn, channels, died)
 	return p, nil
@@ -282,7 +301,7 @@ func (p *Publisher) leave() {
 }
 
 func (p *Publisher) dial() (*amqpconn.Conn, error) {
-	conn, err := amqpconn.Dial(p.closing, p.cfg.conn)
+	conn, err := p.dialer.Dial(p.closing)
 	if err != nil {
 		return nil, err
 	}
@@ -311,25 +330,31 @@ func (p *Publisher) run(conn *amqpconn.Conn, channels []*confirmChannel, died ch
 	defer p.wg.Done()
 	redial := amqpconn.NewRedialer()
 	for {
+		began := time.Now()
 		loss := p.serve(conn, channels, died)
 		if loss == nil {
 			return // closing
 		}
 		p.noteLoss(loss)
-		p.cfg.logger.Warn("publisher: connection lost; redialing", "url", p.redacted, "error", loss)
-		if conn, channels, died = p.redial(redial); conn == nil {
+		p.cfg.logger.Warn("publisher: connection lost; redialing", "url", conn.RedactedURL, "error", loss)
+		// With the nodes of a cluster, the others are likely up: dial them
+		// at once, the lost one last. A connection that died as soon as it
+		// opened is paced like a failed dial.
+		atOnce := p.dialer.Several() && time.Since(began) >= time.Second
+		if conn, channels, died = p.redial(redial, atOnce); conn == nil {
 			return // closing
 		}
-		p.cfg.logger.Info("publisher: reconnected", "url", p.redacted)
+		p.cfg.logger.Info("publisher: reconnected", "url", conn.RedactedURL)
 	}
 }
 
-func (p *Publisher) redial(redial *amqpconn.Redialer) (*amqpconn.Conn, []*confirmChannel, chan *confirmChannel) {
+func (p *Publisher) redial(redial *amqpconn.Redialer, atOnce bool) (*amqpconn.Conn, []*confirmChannel, chan *confirmChannel) {
 	redial.Reset()
 	for {
-		if amqpconn.Sleep(p.closing, redial.Next()) != nil {
+		if !atOnce && amqpconn.Sleep(p.closing, redial.Next()) != nil {
 			return nil, nil, nil
 		}
+		atOnce = false
 		conn, err := p.dial()
 		if err == nil {
 			died := make(chan *confirmChannel, p.cfg.channels)

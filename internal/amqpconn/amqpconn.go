@@ -5,7 +5,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -18,8 +20,14 @@ import (
 // Config is how to reach the broker. Dial neither changes it nor keeps it, so
 // one Config may serve many dials at once.
 type Config struct {
-	// URLs are the broker's addresses, amqp:// or amqps://, tried in order.
+	// URLs are the broker's addresses, amqp:// or amqps://: one broker, or
+	// the nodes of a cluster. Each dial tries them in a random order (Spring
+	// AMQP's AddressShuffleMode.RANDOM), so that clients spread over the
+	// nodes, unless InOrder.
 	URLs []string
+	// InOrder tries URLs in the order given: the first is preferred and the
+	// others are fallbacks.
+	InOrder bool
 	// TLS is for amqps://; nil verifies the broker against the system's
 	// roots and the URL's host name.
 	TLS *tls.Config
@@ -63,16 +71,59 @@ func (c Config) PlaintextDespiteTLS() []string {
 type Conn struct {
 	*amqp.Connection
 	RedactedURL string // the address Dial reached, password hidden: for logs
+	url         string
 
 	mu  sync.Mutex
 	raw net.Conn
 }
 
-// Dial connects to the first of cfg.URLs that answers. It gives up on an
-// address after cfg.DialTimeout and on all of them as soon as ctx ends,
-// handshakes included. Its error is a *DialError.
+// Dial connects to the first of cfg.URLs that answers, in the order
+// cfg says. It gives up on an address after cfg.DialTimeout and on all of
+// them as soon as ctx ends, handshakes included. Its error is a *DialError.
 func Dial(ctx context.Context, cfg Config) (*Conn, error) {
-	if len(cfg.URLs) == 0 {
+	return dialAny(ctx, cfg, cfg.order(""))
+}
+
+// Dialer dials a Config again and again, for an owner that redials: it
+// remembers the address it reached last and tries that one last next time,
+// so that after a lost connection the other nodes of a cluster come first
+// rather than the one that just died. Not safe for concurrent use.
+type Dialer struct {
+	cfg  Config
+	last string
+}
+
+// NewDialer returns a Dialer for cfg.
+func NewDialer(cfg Config) *Dialer { return &Dialer{cfg: cfg} }
+
+// Dial is Dial(ctx, cfg), with the address reached last tried last.
+func (d *Dialer) Dial(ctx context.Context) (*Conn, error) {
+	conn, err := dialAny(ctx, d.cfg, d.cfg.order(d.last))
+	if err == nil {
+		d.last = conn.url
+	}
+	return conn, err
+}
+
+// Several reports whether there is more than one address: only then is
+// there somewhere else to go at once after a loss.
+func (d *Dialer) Several() bool { return len(d.cfg.URLs) > 1 }
+
+// order is the order of one dial: URLs shuffled unless InOrder, with last
+// (the address reached before, if any) moved to the end.
+func (c Config) order(last string) []string {
+	urls := slices.Clone(c.URLs)
+	if !c.InOrder {
+		rand.Shuffle(len(urls), func(i, j int) { urls[i], urls[j] = urls[j], urls[i] })
+	}
+	if i := slices.Index(urls, last); i >= 0 && len(urls) > 1 {
+		urls = append(slices.Delete(urls, i, i+1), last)
+	}
+	return urls
+}
+
+func dialAny(ctx context.Context, cfg Config, urls []string) (*Conn, error) {
+	if len(urls) == 0 {
 		return nil, &DialError{URLs: []string{"(no URL)"}, Errs: []error{errors.New("amqpconn: Config.URLs is empty")}}
 	}
 	timeout := cfg.DialTimeout
@@ -80,14 +131,14 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 		timeout = 30 * time.Second
 	}
 	failed := &DialError{}
-	for _, url := range cfg.URLs {
+	for _, url := range urls {
 		redacted := amqpurl.Redact(url)
 		// amqp091's own parse errors may quote the password.
 		_, err := amqpurl.Parse(url)
 		if err == nil {
 			var conn *Conn
 			if conn, err = dial(ctx, url, cfg.amqpConfig(), timeout); err == nil {
-				conn.RedactedURL = redacted
+				conn.RedactedURL, conn.url = redacted, url
 				return conn, nil
 			}
 		}

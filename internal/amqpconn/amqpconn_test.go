@@ -89,7 +89,7 @@ func TestDialTriesTheURLsInOrder(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			conn, err := amqpconn.Dial(context.Background(), amqpconn.Config{URLs: tt.urls, DialTimeout: 5 * time.Second})
+			conn, err := amqpconn.Dial(context.Background(), amqpconn.Config{URLs: tt.urls, InOrder: true, DialTimeout: 5 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,6 +98,34 @@ func TestDialTriesTheURLsInOrder(t *testing.T) {
 				t.Errorf("RedactedURL = %q, want %q", conn.RedactedURL, amqpurl.Redact(tt.want))
 			}
 		})
+	}
+}
+
+// A Dialer tries the address it reached last, last: after a lost
+// connection the other nodes come first, and two addresses alternate.
+func TestDialerMovesOnFromTheAddressItReached(t *testing.T) {
+	_, a := startProxy(t)
+	_, b := startProxy(t)
+	for _, inOrder := range []bool{true, false} {
+		d := amqpconn.NewDialer(amqpconn.Config{URLs: []string{a, b}, InOrder: inOrder, DialTimeout: 5 * time.Second})
+		var reached []string
+		for range 4 {
+			conn, err := d.Dial(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			reached = append(reached, conn.RedactedURL)
+			_ = conn.Close()
+		}
+		if reached[0] == reached[1] || reached[1] == reached[2] || reached[2] == reached[3] {
+			t.Errorf("InOrder %v: reached %v, want each dial on the other address", inOrder, reached)
+		}
+		if inOrder && reached[0] != amqpurl.Redact(a) {
+			t.Errorf("InOrder: the first dial reached %s, want the first URL", reached[0])
+		}
+	}
+	if !amqpconn.NewDialer(amqpconn.Config{URLs: []string{a, b}}).Several() || amqpconn.NewDialer(amqpconn.Config{URLs: []string{a}}).Several() {
+		t.Error("Several is wrong")
 	}
 }
 
@@ -232,7 +260,7 @@ func TestDialGivesUpWhenCancelled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	begin := time.Now()
-	conn, err := amqpconn.Dial(ctx, amqpconn.Config{URLs: []string{url, brokertest.URL()}, DialTimeout: 10 * time.Second})
+	conn, err := amqpconn.Dial(ctx, amqpconn.Config{URLs: []string{url, brokertest.URL()}, InOrder: true, DialTimeout: 10 * time.Second})
 	if conn != nil {
 		_ = conn.Close()
 		t.Fatal("Dial went on to the next address after its context ended")
