@@ -325,6 +325,30 @@ func (c *consumer) process(dd *delivery) {
 	if settlement != middleware.Release { // a release is the listener's doing, not a failure
 		l.cfg.logger.Warn("listener: message failed", "queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag, "settlement", settlement.String(), "error", errtext.String(err))
 	}
+	if settlement == middleware.Reject && rejectLoops(d, l.queue, err) {
+		l.cfg.logger.Error("listener: a message rejected for good came back to this queue after its last rejection, "+
+			"so it will again: the queue dead-letters into a retry queue that returns here (dlx.Topology with SingleRetryDelay), "+
+			"where a Permanent error or recoverer.Reject never reaches a DLQ. End the chain with "+
+			"Recover(topo.RejectToRetry(n, recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())))",
+			"queue", l.queue, "message_id", d.MessageId, "error", errtext.String(err))
+	}
+}
+
+// rejectLoops reports whether rejecting d without requeue sends it round
+// to its queue again: it has been rejected from queue before and is back,
+// and the rejection is not a retry that means to go round
+// (dlx.Topology.RejectToRetry's, which says so with RetriesThroughDeadLetters).
+func rejectLoops(d *amqp.Delivery, queue string, err error) bool {
+	var retry interface{ RetriesThroughDeadLetters() bool }
+	if errors.As(err, &retry) && retry.RetriesThroughDeadLetters() {
+		return false
+	}
+	for _, death := range amqphdr.Deaths(d.Headers) {
+		if death.Queue == queue && death.Reason == "rejected" {
+			return true
+		}
+	}
+	return false
 }
 
 // call runs the chain; a panic in a middleware outside CatchPanics becomes an
