@@ -74,7 +74,10 @@
 // # Connection
 //
 // The listener dials and redials by itself, with exponential backoff and
-// jitter; after a loss it opens a fresh connection and channels, runs
+// jitter. Given the nodes of a cluster (WithURLs), each dial tries them in a
+// random order and logs the node it reached; after losing a connection that
+// was up, it dials the other nodes at once, the lost one last. After a loss
+// it opens a fresh connection and channels, runs
 // WithDeclare again and resumes. A refused login, or a declaration the broker
 // refuses, ends Run with the error. A missing queue is retried with backoff
 // (or ends Run with WithMissingQueueFatal). A consumer cancelled by the broker
