@@ -68,10 +68,20 @@ func TestExtraHeadersAndPrefix(t *testing.T) {
 	}
 }
 
-// Where the copy goes: the given exchange, with the given key or the
-// delivery's own, and the original destination in Spring's headers, kept
-// across hops.
+// Where the copy goes: the given exchange, with the given key or else the one
+// the message was first published with, and that original destination in
+// Spring's headers, kept across hops. After a hop (a retry tier we
+// republished to, or the broker's reject-to-retry round trip) the delivery
+// comes back through the default exchange with the work queue's name as its
+// key, which a DLX bound by producer keys would return as unroutable.
 func TestRepublishDestination(t *testing.T) {
+	death := func(queue, reason, exchange, key string) amqp.Table {
+		return amqp.Table{"queue": queue, "reason": reason, "count": int64(1), "exchange": exchange, "routing-keys": []any{key}}
+	}
+	tierHop := amqp.Table{
+		"x-original-exchange": "shop", "x-original-routingKey": "orders.new",
+		"x-death": []any{death("orders.retry.10s", "expired", "", "orders.retry.10s")},
+	}
 	tests := []struct {
 		name            string
 		key             string
@@ -81,17 +91,29 @@ func TestRepublishDestination(t *testing.T) {
 	}{
 		{"own key", "", amqp.Delivery{Exchange: "shop", RoutingKey: "orders.new"}, "orders.new", "shop", "orders.new"},
 		{"given key", "all", amqp.Delivery{Exchange: "shop", RoutingKey: "orders.new"}, "all", "shop", "orders.new"},
-		{"after a hop", "", amqp.Delivery{Exchange: "", RoutingKey: "orders", Headers: amqp.Table{
-			"x-original-exchange": "shop", "x-original-routingKey": "orders.new"}}, "orders", "shop", "orders.new"},
+		{"after a tier hop", "", amqp.Delivery{Exchange: "", RoutingKey: "orders", Headers: tierHop}, "orders.new", "shop", "orders.new"},
+		{"given key after a tier hop", "all", amqp.Delivery{Exchange: "", RoutingKey: "orders", Headers: tierHop}, "all", "shop", "orders.new"},
+		{"after reject-to-retry round trips", "", amqp.Delivery{Exchange: "", RoutingKey: "orders", Headers: amqp.Table{
+			"x-death": []any{death("orders.retry", "expired", "", "orders.retry"), death("orders", "rejected", "shop", "orders.new")},
+		}}, "orders.new", "shop", "orders.new"},
+		{"our headers before x-death", "", amqp.Delivery{Exchange: "", RoutingKey: "orders", Headers: amqp.Table{
+			"x-original-exchange": "shop", "x-original-routingKey": "orders.paid",
+			"x-death": []any{death("orders", "rejected", "shop", "orders.new")},
+		}}, "orders.paid", "shop", "orders.paid"},
+		{"junk headers read as absent", "", amqp.Delivery{Exchange: "", RoutingKey: "orders", Headers: amqp.Table{
+			"x-original-exchange": "shop", "x-original-routingKey": int64(7), "x-death": "junk",
+		}}, "orders", "", "orders"},
 	}
 	for _, tt := range tests {
-		pub := &pubtest.Publisher{}
-		got := recoverOne(t, pub, recoverer.Republish(pub, "orders.dlx", tt.key), &tt.d)
-		if got.Exchange != "orders.dlx" || got.Key != tt.wantKey ||
-			got.Msg.Headers["x-original-exchange"] != tt.origEx || got.Msg.Headers["x-original-routingKey"] != tt.origKey {
-			t.Errorf("%s: to %q with %q, original %v/%v; want orders.dlx with %q, original %s/%s", tt.name,
-				got.Exchange, got.Key, got.Msg.Headers["x-original-exchange"], got.Msg.Headers["x-original-routingKey"], tt.wantKey, tt.origEx, tt.origKey)
-		}
+		t.Run(tt.name, func(t *testing.T) {
+			pub := &pubtest.Publisher{}
+			got := recoverOne(t, pub, recoverer.Republish(pub, "orders.dlx", tt.key), &tt.d)
+			if got.Exchange != "orders.dlx" || got.Key != tt.wantKey ||
+				got.Msg.Headers["x-original-exchange"] != tt.origEx || got.Msg.Headers["x-original-routingKey"] != tt.origKey {
+				t.Errorf("to %q with %q, original %v/%v; want orders.dlx with %q, original %s/%s",
+					got.Exchange, got.Key, got.Msg.Headers["x-original-exchange"], got.Msg.Headers["x-original-routingKey"], tt.wantKey, tt.origEx, tt.origKey)
+			}
+		})
 	}
 }
 

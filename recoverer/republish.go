@@ -71,11 +71,17 @@ type Publisher interface {
 var _ Publisher = (*publisher.Publisher)(nil)
 
 // Republish returns a Recoverer that publishes failed messages to exchange
-// with routingKey, or with the message's own routing key when routingKey is
-// "". Use exchange "" and the DLQ's name as routingKey to publish straight to
-// a queue. It panics if pub is nil or an option is invalid, naming every
-// invalid one; what depends on the broker (the room frame_max leaves for
-// headers) is an error of Recover.
+// with routingKey. With routingKey "" it uses the key the message was first
+// published with, as x-original-routingKey (written when an earlier recovery
+// sent it to a retry tier) or else the first death of its x-death header
+// records it, and the delivery's own key for a message on its first trip:
+// after a retry hop the delivery's key is the work queue's name, which a DLX
+// bound by the producers' keys would return as unroutable. Use exchange ""
+// and the DLQ's name as routingKey to publish straight to a queue.
+//
+// It panics if pub is nil or an option is invalid, naming every invalid one;
+// what depends on the broker (the room frame_max leaves for headers) is an
+// error of Recover.
 func Republish(pub Publisher, exchange, routingKey string, opts ...Option) *Republisher {
 	cfg := defaultConfig()
 	for _, opt := range opts {
@@ -110,7 +116,10 @@ func (r *Republisher) Recover(ctx context.Context, d *amqp.Delivery, cause error
 	}
 	key := r.routingKey
 	if key == "" {
-		key = d.RoutingKey
+		// Back from a retry tier or a reject-to-retry round trip, a delivery
+		// carries the work queue's name as its key (the hop ends in the
+		// default exchange); a DLX bound by producer keys needs theirs.
+		_, key = amqphdr.OriginalDestination(d)
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
 	defer cancel()

@@ -269,3 +269,81 @@ func TestZeroHeadroomFitsTheFrameExactly(t *testing.T) {
 		t.Errorf("properties take %d bytes; the frame allows %d, less 1024 for trace headers, and the headers should fill it", used, limit)
 	}
 }
+
+// A DLX bound only by the producer's routing key receives the dead letter of
+// a message that came back to its work queue through the default exchange
+// (routing key = the queue's name): after a hop through a retry tier we
+// republished it to, and after reject-to-retry round trips the broker made
+// alone, where only x-death remembers the producer's key.
+func TestEmptyKeyReachesADLXBoundByTheProducersKey(t *testing.T) {
+	const producerKey = "orders.created"
+	const ttl = 100 // ms a message waits in the retry queue
+	tests := []struct {
+		name string
+		// hop sends d from the work queue to the retry queue, which sends it
+		// back when its TTL expires.
+		hop func(t *testing.T, pub *publisher.Publisher, work, retry string, d *amqp.Delivery)
+		// rounds is how often the message makes the hop before it dies.
+		rounds int
+	}{
+		{"tier we republished to", func(t *testing.T, pub *publisher.Publisher, work, retry string, d *amqp.Delivery) {
+			ctx := middleware.WithQueue(context.Background(), work)
+			if err := recoverer.Republish(pub, "", retry).Recover(ctx, d, errors.New("try later")); err != nil {
+				t.Fatal(err)
+			}
+			_ = d.Ack(false)
+		}, 1},
+		{"reject to retry", func(t *testing.T, _ *publisher.Publisher, _, _ string, d *amqp.Delivery) {
+			_ = d.Reject(false)
+		}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			shop, work, retry := brokertest.Name(t, "shop"), brokertest.Name(t, "work"), brokertest.Name(t, "retry")
+			dlx, dlq := brokertest.Name(t, "dlx"), brokertest.Name(t, "dlq")
+			brokertest.Exchange(t, shop, "direct")
+			brokertest.Queue(t, work, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": retry})
+			brokertest.Bind(t, work, shop, producerKey)
+			brokertest.Queue(t, retry, amqp.Table{"x-message-ttl": int64(ttl), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": work})
+			brokertest.Exchange(t, dlx, "direct")
+			brokertest.Queue(t, dlq, nil)
+			brokertest.Bind(t, dlq, dlx, producerKey)
+			pub := newPublisher(t, brokertest.URL())
+			if err := pub.Publish(context.Background(), shop, producerKey, amqp.Publishing{MessageId: "m1"}); err != nil {
+				t.Fatal(err)
+			}
+
+			ch := brokertest.Channel(t, brokertest.Dial(t))
+			next := func() amqp.Delivery {
+				t.Helper()
+				var d amqp.Delivery
+				brokertest.Eventually(t, 10*time.Second, "the message on "+work, func() bool {
+					var ok bool
+					var err error
+					d, ok, err = ch.Get(work, false)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return ok
+				})
+				return d
+			}
+			for range tt.rounds {
+				d := next()
+				tt.hop(t, pub, work, retry, &d)
+			}
+			d := next()
+			if d.RoutingKey != work {
+				t.Fatalf("back on %s with routing key %q: the test needs the default exchange's key, the queue's name", work, d.RoutingKey)
+			}
+			ctx := middleware.WithQueue(context.Background(), work)
+			if err := recoverer.Republish(pub, dlx, "").Recover(ctx, &d, errors.New("gave up")); err != nil {
+				t.Fatalf("Recover: %v", err)
+			}
+			_ = d.Ack(false)
+			if got, ok := brokertest.Get(t, ch, dlq); !ok || got.MessageId != "m1" || got.Headers["x-original-routingKey"] != producerKey {
+				t.Errorf("DLQ: ok=%v, message %q, x-original-routingKey %v", ok, got.MessageId, got.Headers["x-original-routingKey"])
+			}
+		})
+	}
+}

@@ -12,6 +12,12 @@
 // limit RabbitMQ 4.0 counts each look as a delivery (4.3 no longer counts a
 // nack), and 4.x gives quorum queues a limit of 20 unless set otherwise: see
 // dlx.Topology.DeliveryLimit.
+// What list and show print of a message is escaped in Go's notation: control
+// characters, bidi overrides and bytes that are not UTF-8 show as \x1b,
+// \u202e, \xff, never reaching the terminal. Table cells and one-line fields
+// escape line breaks too; show keeps those of the body and of string headers
+// (stack traces), indenting a header's further lines, and shows a binary body
+// as a hex dump of its first 1024 bytes.
 // Exit status: 0 done, 1 the broker or the queue failed, 2 wrong usage.
 package main
 
@@ -29,6 +35,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -224,10 +231,10 @@ func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "#\tMESSAGE ID\tROUTING KEY\tEXCEPTION\tATTEMPTS\tRETRIES\tFAILED AT")
 	for i, d := range msgs {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", i, orDash(d.MessageId), orDash(originalKey(&d)),
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", i, orDash(escapeLine(d.MessageId)), orDash(escapeLine(originalKey(&d))),
 			oneLine(header(&d, recoverer.HeaderExceptionMessage), 60),
-			orDash(header(&d, prefix+recoverer.SuffixAttempts)), dlx.RetryCount(&d),
-			orDash(header(&d, prefix+recoverer.SuffixFailedAt)))
+			orDash(shownHeader(&d, prefix+recoverer.SuffixAttempts)), dlx.RetryCount(&d),
+			orDash(shownHeader(&d, prefix+recoverer.SuffixFailedAt)))
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -257,13 +264,19 @@ func show(ctx context.Context, ch *amqp.Channel, queue string, index int, id str
 		}
 		return fmt.Errorf("no message at index %d on %s (%d messages)", index, queue, len(msgs))
 	}
-	fmt.Fprintf(stdout, "message id:     %s\nrouting key:    %s\nexchange:       %s\ncontent type:   %s\ntimestamp:      %v\nretries:        %d\nheaders:\n",
-		d.MessageId, d.RoutingKey, d.Exchange, d.ContentType, d.Timestamp, dlx.RetryCount(d))
-	for _, k := range slices.Sorted(maps.Keys(d.Headers)) {
-		fmt.Fprintf(stdout, "  %s: %v\n", k, d.Headers[k])
-	}
-	fmt.Fprintf(stdout, "body (%d bytes):\n%s\n", len(d.Body), d.Body)
+	writeMessage(stdout, d)
 	return nil
+}
+
+// writeMessage is show's output: every property, header and the body, each
+// escaped (render.go).
+func writeMessage(w io.Writer, d *amqp.Delivery) {
+	fmt.Fprintf(w, "message id:     %s\nrouting key:    %s\nexchange:       %s\ncontent type:   %s\ntimestamp:      %v\nretries:        %d\nheaders:\n",
+		escapeLine(d.MessageId), escapeLine(d.RoutingKey), escapeLine(d.Exchange), escapeLine(d.ContentType), d.Timestamp, dlx.RetryCount(d))
+	for _, k := range slices.Sorted(maps.Keys(d.Headers)) {
+		writeHeader(w, k, d.Headers[k])
+	}
+	writeBody(w, d.ContentType, d.Body)
 }
 
 func replay(ctx context.Context, url, queue string, limit int, re *regexp.Regexp, to string, toOriginal bool, prefix string, stdout, stderr io.Writer) error {
@@ -301,9 +314,19 @@ func replay(ctx context.Context, url, queue string, limit int, re *regexp.Regexp
 	return err
 }
 
+// header is a header's value as text, raw, for matching: print it with
+// shownHeader.
 func header(d *amqp.Delivery, key string) string {
 	if v, ok := d.Headers[key]; ok && v != nil {
 		return fmt.Sprint(v)
+	}
+	return ""
+}
+
+// shownHeader is a header's value, escaped for one line.
+func shownHeader(d *amqp.Delivery, key string) string {
+	if v, ok := d.Headers[key]; ok && v != nil {
+		return headerValue(v)
 	}
 	return ""
 }
@@ -322,10 +345,19 @@ func orDash(s string) string {
 	return s
 }
 
+// oneLine is s for a table cell: its whitespace runs made one space, cut to
+// n characters, escaped. It cuts before escaping, counting a byte that is not
+// UTF-8 as one character, so that the cut neither splits an escape nor turns
+// such a byte into U+FFFD.
 func oneLine(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
+	if utf8.RuneCountInString(s) > n {
+		end := 0
+		for range n - 1 {
+			_, size := utf8.DecodeRuneInString(s[end:])
+			end += size
+		}
+		return escapeLine(s[:end]) + "…"
 	}
-	return orDash(s)
+	return orDash(escapeLine(s))
 }

@@ -179,3 +179,66 @@ func TestInspectingHandsBackWithNacks(t *testing.T) {
 		t.Errorf("DLQ holds %d, want all 3 back", n)
 	}
 }
+
+// A hostile dead letter, with terminal escapes in every field a sender
+// controls, goes through list and show without one control character
+// reaching the terminal: the operator sees them escaped.
+func TestHostileDeadLetterIsShownEscaped(t *testing.T) {
+	dlq, fanout := brokertest.Name(t, "dlq"), brokertest.Name(t, "fanout")
+	brokertest.Queue(t, dlq, nil)
+	brokertest.Exchange(t, fanout, "fanout") // routes whatever routing key a sender picks
+	brokertest.Bind(t, dlq, fanout, "")
+	pub, err := publisher.New(brokertest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	hostile := amqp.Publishing{
+		MessageId:   "id\x1b[2J\u202e",
+		ContentType: "text/\x1b]52;c;ZXZpbA==\x07plain",
+		Headers: amqp.Table{
+			"x-exception-message":    "boom\x1b[31m\r\u009b2J\nsecond",
+			"x-exception-stacktrace": "line1\n\tline2\r\x1b[A",
+			"x-amqpretry-attempts":   "3\x1b[K",
+			"x-amqpretry-failed-at":  "\u202eevil\x07",
+			"h\x1b[8m":               amqp.Table{"k\r": []any{"\x1b]0;title\x07", "\xff\xfe"}},
+		},
+		Body: []byte("hello \x1b]52;c;cm0gLXJm\x07 world\r\nsecond line \u202e\u009b"),
+	}
+	binary := amqp.Publishing{MessageId: "bin", ContentType: "application/octet-stream", Body: bytes.Repeat([]byte{0xff, 0x1b, 0x07, 0x9b}, 500)}
+	for _, m := range []amqp.Publishing{hostile, binary} {
+		if err := pub.Publish(context.Background(), fanout, "key\r\x07\x1b[1A", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	tests := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"dlq", "list", dlq}, []string{`id\x1b[2J\u202e`, `key\r\a\x1b[1A`, `boom\x1b[31m \u009b2J second`, `3\x1b[K`, `\u202eevil\a`, "2 message(s) shown"}},
+		{[]string{"dlq", "show", dlq, "--index", "0"}, []string{
+			"message id:     id\\x1b[2J\\u202e\n", `content type:   text/\x1b]52;c;ZXZpbA==\aplain`,
+			`  h\x1b[8m: map[k\r:[\x1b]0;title\a \xff\xfe]]`, "  x-exception-stacktrace: line1\n    \\tline2\\r\\x1b[A\n",
+			fmt.Sprintf("body (%d bytes):\nhello \\x1b]52;c;cm0gLXJm\\a world\\r\nsecond line \\u202e\\u009b\n", len(hostile.Body)),
+		}},
+		{[]string{"dlq", "show", dlq, "--id", "bin"}, []string{"body (2000 bytes, binary, content type application/octet-stream):\n00000000  ff 1b 07 9b", "976 more bytes not shown"}},
+	}
+	for _, tt := range tests {
+		code, out, errOut := amqpretry(t, tt.args...)
+		if code != 0 {
+			t.Fatalf("amqpretry %v: exit %d: %s", tt.args, code, errOut)
+		}
+		if i, what := terminalUnsafe(out, true); i >= 0 {
+			t.Errorf("amqpretry %v printed %s at byte %d:\n%q", tt.args, what, i, out)
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("amqpretry %v: output lacks %q:\n%s", tt.args, w, out)
+			}
+		}
+	}
+	if n := brokertest.Depth(t, dlq); n != 2 {
+		t.Errorf("%s holds %d, want both messages back", dlq, n)
+	}
+}
