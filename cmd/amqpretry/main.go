@@ -5,7 +5,8 @@
 //	amqpretry dlq replay  QUEUE [--limit N] [--match RE] [--to QUEUE | --to-original-exchange]
 //	amqpretry dlq purge   QUEUE --yes                       delete every message
 //
-// The broker is --url, else $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/.
+// The broker is --url, else $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/;
+// for a cluster, the nodes' URLs separated by commas (tried in a random order).
 // --header-prefix matches a recoverer configured with WithHeaderPrefix.
 // list and show take messages without acking them and hand them back, in
 // place, with basic.nack when they end: on a quorum queue with a delivery
@@ -51,7 +52,8 @@ const usage = `usage:
   amqpretry dlq show    QUEUE [--index N | --id MESSAGE_ID]
   amqpretry dlq replay  QUEUE [--limit N] [--match REGEXP] [--to QUEUE | --to-original-exchange]
   amqpretry dlq purge   QUEUE --yes
-flags for every command: --url URL (default $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/),
+flags for every command: --url URL[,URL...] (default $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/;
+  several: the nodes of a cluster),
   --header-prefix PREFIX (default x-amqpretry-)
 `
 
@@ -104,18 +106,24 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *url == "" {
 		*url = amqpurl.Default
 	}
-	if _, err := amqpurl.Parse(*url); err != nil {
-		return fmt.Errorf("%w: --url: %v", errUsage, err)
+	urls := amqpurl.SplitList(*url)
+	if len(urls) == 0 {
+		return fmt.Errorf("%w: --url: no URL in %q", errUsage, *url)
+	}
+	for _, u := range urls {
+		if _, err := amqpurl.Parse(u); err != nil {
+			return fmt.Errorf("%w: --url: %v", errUsage, err)
+		}
 	}
 
 	switch cmd {
 	case "list":
-		return withChannel(*url, func(ch *amqp.Channel) error { return list(ctx, ch, queue, *limit, *prefix, stdout) })
+		return withChannel(urls, func(ch *amqp.Channel) error { return list(ctx, ch, queue, *limit, *prefix, stdout) })
 	case "show":
 		if *id != "" && *index != 0 {
 			return fmt.Errorf("%w: show takes --index or --id, not both", errUsage)
 		}
-		return withChannel(*url, func(ch *amqp.Channel) error { return show(ctx, ch, queue, *index, *id, stdout) })
+		return withChannel(urls, func(ch *amqp.Channel) error { return show(ctx, ch, queue, *index, *id, stdout) })
 	case "replay":
 		if *to != "" && *toOriginal {
 			return fmt.Errorf("%w: replay takes --to or --to-original-exchange, not both", errUsage)
@@ -126,12 +134,12 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				return fmt.Errorf("%w: --match: %v", errUsage, err)
 			}
 		}
-		return replay(ctx, *url, queue, *limit, re, *to, *toOriginal, *prefix, stdout, stderr)
+		return replay(ctx, urls, queue, *limit, re, *to, *toOriginal, *prefix, stdout, stderr)
 	case "purge":
 		if !*yes {
 			return fmt.Errorf("%w: purge deletes every ready message on %s; add --yes to do it", errUsage, queue)
 		}
-		return withChannel(*url, func(ch *amqp.Channel) error {
+		return withChannel(urls, func(ch *amqp.Channel) error {
 			n, err := ch.QueuePurge(queue, false)
 			if err != nil {
 				return fmt.Errorf("purge %s: %w", queue, err)
@@ -162,8 +170,8 @@ func parse(fs *flag.FlagSet, args []string) (string, error) {
 	return positional[0], nil
 }
 
-func withChannel(url string, f func(*amqp.Channel) error) error {
-	conn, err := amqpconn.Dial(context.Background(), amqpconn.Config{URLs: []string{url}, DialTimeout: 10 * time.Second})
+func withChannel(urls []string, f func(*amqp.Channel) error) error {
+	conn, err := amqpconn.Dial(context.Background(), amqpconn.Config{URLs: urls, DialTimeout: 10 * time.Second})
 	if err != nil {
 		return fmt.Errorf("connect to %w", err) // err names the address
 	}
@@ -279,8 +287,8 @@ func writeMessage(w io.Writer, d *amqp.Delivery) {
 	writeBody(w, d.ContentType, d.Body)
 }
 
-func replay(ctx context.Context, url, queue string, limit int, re *regexp.Regexp, to string, toOriginal bool, prefix string, stdout, stderr io.Writer) error {
-	pub, err := publisher.New(url)
+func replay(ctx context.Context, urls []string, queue string, limit int, re *regexp.Regexp, to string, toOriginal bool, prefix string, stdout, stderr io.Writer) error {
+	pub, err := publisher.New(urls[0], publisher.WithURLs(urls...))
 	if err != nil {
 		return err
 	}
@@ -306,7 +314,7 @@ func replay(ctx context.Context, url, queue string, limit int, re *regexp.Regexp
 		}
 	}))
 	var stats dlx.ReplayStats
-	err = withChannel(url, func(ch *amqp.Channel) error {
+	err = withChannel(urls, func(ch *amqp.Channel) error {
 		stats, err = dlx.Replay(ctx, ch, pub, queue, opts...)
 		return err
 	})

@@ -242,3 +242,27 @@ func TestHostileDeadLetterIsShownEscaped(t *testing.T) {
 		t.Errorf("%s holds %d, want both messages back", dlq, n)
 	}
 }
+
+// --url takes the nodes of a cluster, separated by commas: a dead node in
+// the list is passed over, for list and for replay's publisher alike.
+func TestURLListOfACluster(t *testing.T) {
+	topo := withDeadLetters(t, 2)
+	dead := "amqp://guest:guest@127.0.0.1:1/"
+	nodes := dead + "," + brokertest.URL()
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"dlq", "list", topo.DLQ(), "--url", nodes}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "2 message(s) shown") {
+		t.Fatalf("list with --url %s: exit %d\n%s%s", nodes, code, stdout.String(), stderr.String())
+	}
+	stdout.Reset()
+	if code := run(context.Background(), []string{"dlq", "replay", topo.DLQ(), "--url", nodes}, &stdout, &stderr); code != 0 {
+		t.Fatalf("replay with --url %s: exit %d\n%s%s", nodes, code, stdout.String(), stderr.String())
+	}
+	if n := brokertest.Depth(t, topo.Queue); n != 2 {
+		t.Errorf("replayed %d of 2 to %s", n, topo.Queue)
+	}
+	stderr.Reset()
+	if code := run(context.Background(), []string{"dlq", "list", "q", "--url", brokertest.URL() + ",amqp://u:hunter2@h:notaport/"}, &bytes.Buffer{}, &stderr); code != 2 ||
+		!strings.Contains(stderr.String(), "--url: invalid AMQP URL") || strings.Contains(stderr.String(), "hunter2") {
+		t.Errorf("a bad URL in the list: exit %d, %q", code, stderr.String())
+	}
+}

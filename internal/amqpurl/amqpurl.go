@@ -68,3 +68,25 @@ func IsLoopback(uri amqp.URI) bool {
 	}
 	return strings.HasPrefix(uri.Host, "127.")
 }
+
+// SplitList splits a comma-separated list of AMQP URLs, the nodes of a
+// cluster: "amqp://u:p@a/,amqp://u:p@b/". It splits only at a comma followed
+// by amqp:// or amqps://, so a comma in a password needs no escaping.
+// Spaces around each URL are dropped.
+func SplitList(list string) []string {
+	var urls []string
+	start := 0
+	for i := range len(list) {
+		if list[i] != ',' {
+			continue
+		}
+		if after := strings.TrimLeft(list[i+1:], " "); strings.HasPrefix(after, "amqp://") || strings.HasPrefix(after, "amqps://") {
+			urls = append(urls, strings.TrimSpace(list[start:i]))
+			start = i + 1
+		}
+	}
+	if last := strings.TrimSpace(list[start:]); last != "" {
+		urls = append(urls, last)
+	}
+	return urls
+}

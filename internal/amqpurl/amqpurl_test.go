@@ -2,6 +2,7 @@ package amqpurl_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -104,4 +105,23 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Parse(%q) error quotes the password: %v", raw, err)
 		}
 	})
+}
+
+func TestSplitList(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want []string
+	}{
+		{"", nil},
+		{"amqp://a/", []string{"amqp://a/"}},
+		{"amqp://u:p@a:5672/,amqp://u:p@b:5672/,amqps://u:p@c:5671/", []string{"amqp://u:p@a:5672/", "amqp://u:p@b:5672/", "amqps://u:p@c:5671/"}},
+		{" amqp://a/ , amqp://b/ ", []string{"amqp://a/", "amqp://b/"}},
+		{"amqp://u:pa,ss,word@a/,amqp://u:pa,ss,word@b/", []string{"amqp://u:pa,ss,word@a/", "amqp://u:pa,ss,word@b/"}},
+		{"amqp://u:p,amqp@a/", []string{"amqp://u:p,amqp@a/"}},
+		{"amqp://a/,", []string{"amqp://a/,"}},
+	} {
+		if got := amqpurl.SplitList(tt.in); !slices.Equal(got, tt.want) {
+			t.Errorf("SplitList(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
 }
