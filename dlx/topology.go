@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -79,13 +81,25 @@ type Topology struct {
 	// the message to the DLQ (reason delivery_limit). The DLQ never gets it:
 	// inspecting or filtering a DLQ (amqpretry dlq list, Replay with a match)
 	// hands messages back, which RabbitMQ 4.0 counts as a delivery, and a DLQ
-	// has nowhere to send the ones past the limit. On RabbitMQ 4 pass
-	// x-delivery-limit: int64(math.MaxInt32) in DLQArguments, unlimited in
-	// practice on 3.10 and 4.x alike; not -1, which is unlimited on 4 but
-	// drops a message at its first return on 3.10.
+	// has nowhere to send the ones past the limit. A quorum DLQ gets
+	// x-delivery-limit int64(math.MaxInt32) instead (see DLQArguments), so
+	// that RabbitMQ 4's default of 20 never drops a dead letter.
 	DeliveryLimit int
-	// DLQArguments are added to the dead-letter queue's arguments.
+	// DLQArguments are added to the dead-letter queue's arguments. A quorum
+	// DLQ gets x-delivery-limit int64(math.MaxInt32), unlimited in practice on
+	// RabbitMQ 3.10 and 4.x alike, unless DLQArguments names another (not -1,
+	// which is unlimited on 4 but drops a message at its first return on
+	// 3.10) or DLQWithBrokerDefaultLimit is set. Not x-queue-type: see Type.
 	DLQArguments amqp.Table
+	// DLQWithBrokerDefaultLimit declares a quorum DLQ without
+	// x-delivery-limit, as versions before the default above did, so that a
+	// DLQ created by them still declares (queue arguments cannot change: the
+	// broker refuses the declaration with a *ConflictError). It leaves the DLQ
+	// the broker's default: none on RabbitMQ 3.x, which is safe; 20 on 4.x,
+	// where every look at a dead letter counts and the broker drops it after
+	// 20. Set it only for such a DLQ, and only until you can recreate it.
+	// Needs Type Quorum.
+	DLQWithBrokerDefaultLimit bool
 	// AtLeastOnce makes quorum queues dead-letter at least once
 	// (x-dead-letter-strategy=at-least-once, which needs x-overflow=reject-publish)
 	// instead of at most once.
@@ -149,6 +163,12 @@ func (t Topology) Validate() error {
 	if (t.DeliveryLimit > 0 || t.AtLeastOnce) && t.Type != Quorum {
 		bad("dlx: Topology.DeliveryLimit and Topology.AtLeastOnce need Type: dlx.Quorum")
 	}
+	if t.DLQWithBrokerDefaultLimit && t.Type != Quorum {
+		bad("dlx: Topology.DLQWithBrokerDefaultLimit is for a quorum DLQ created without x-delivery-limit: it needs Type: dlx.Quorum, got %q", cmp.Or(t.Type, Classic))
+	}
+	if v, ok := t.DLQArguments["x-delivery-limit"]; ok && t.DLQWithBrokerDefaultLimit {
+		bad("dlx: Topology.DLQWithBrokerDefaultLimit declares the DLQ without x-delivery-limit, but Topology.DLQArguments sets it to %v: drop one", v)
+	}
 	seen := map[string]bool{}
 	for i, d := range t.RetryDelays {
 		if d < time.Millisecond {
@@ -182,8 +202,8 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	if err := ch.ExchangeDeclare(t.DLX(), "direct", true, false, false, false, nil); err != nil {
 		return conflict("exchange", t.DLX(), err)
 	}
-	if err := t.declareQueue(ch, t.DLQ(), t.DLQArguments, false); err != nil {
-		return err
+	if err := t.declareQueue(ch, t.DLQ(), t.dlqArguments(), false); err != nil {
+		return t.explainDLQLimitConflict(err)
 	}
 	if err := ch.QueueBind(t.DLQ(), t.DLQRoutingKey(), t.DLX(), false, nil); err != nil {
 		return fmt.Errorf("dlx: bind %s to %s: %w", t.DLQ(), t.DLX(), err)
@@ -238,6 +258,45 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	return nil
 }
 
+// dlqDeliveryLimit is a quorum DLQ's x-delivery-limit: a look at a dead
+// letter hands it back, which RabbitMQ 4.0 counts as a delivery, so the DLQ
+// must not have RabbitMQ 4's default of 20. -1 would be unlimited on 4 but
+// makes 3.10 drop a message at its first return; MaxInt32 keeps it on both.
+const dlqDeliveryLimit = int64(math.MaxInt32)
+
+// dlqArguments are the DLQ's arguments before declareQueue adds its type.
+func (t Topology) dlqArguments() amqp.Table {
+	args := amqp.Table{}
+	for k, v := range t.DLQArguments {
+		args[k] = v
+	}
+	if _, own := args["x-delivery-limit"]; t.Type == Quorum && !own && !t.DLQWithBrokerDefaultLimit {
+		args["x-delivery-limit"] = dlqDeliveryLimit
+	}
+	return args
+}
+
+// explainDLQLimitConflict says what to do when the DLQ exists without the
+// x-delivery-limit dlqArguments gives it: a quorum DLQ declared by a version
+// of the library before that default, which every upgrade meets once.
+func (t Topology) explainDLQLimitConflict(err error) error {
+	var ce *ConflictError
+	_, own := t.DLQArguments["x-delivery-limit"]
+	if !errors.As(err, &ce) || ce.Argument != "x-delivery-limit" || own || t.Type != Quorum || t.DLQWithBrokerDefaultLimit ||
+		!strings.Contains(ce.Reason, "current is none") {
+		return err
+	}
+	ce.explanation = fmt.Sprintf("dlx: the quorum DLQ %[1]q was created without x-delivery-limit (%[2]s); "+
+		"dlx.Topology now declares it with x-delivery-limit %[3]d because on RabbitMQ 4 a quorum queue without one has a limit of 20, "+
+		"every look at a dead letter (amqpretry dlq list or show, Replay skipping it) counts as a delivery, and the broker drops a dead letter after 20. "+
+		"Queue arguments cannot change after creation: either empty %[1]s and delete it so that it is declared again "+
+		"(amqpretry dlq replay %[1]s sends the dead letters back to their queues, --to QUEUE to another existing queue, both without their fault headers; "+
+		"then rabbitmqctl delete_queue %[1]s --if-empty), "+
+		"or set Topology.DLQWithBrokerDefaultLimit to declare it as it is: safe on RabbitMQ 3.x, which has no default limit, not on 4.x",
+		ce.Name, ce.Reason, dlqDeliveryLimit)
+	return ce
+}
+
 // declareQueue declares a durable queue of the topology's type;
 // deadLetters marks a queue that dead-letters (for at-least-once and the
 // delivery limit: only those have somewhere to send what they give up on).
@@ -269,9 +328,14 @@ type ConflictError struct {
 	Name     string
 	Argument string // the argument the broker named, if it did
 	Reason   string // the broker's text
+
+	explanation string // replaces the generic advice when Declare knows better
 }
 
 func (e *ConflictError) Error() string {
+	if e.explanation != "" {
+		return e.explanation
+	}
 	arg := "arguments"
 	if e.Argument != "" {
 		arg = e.Argument

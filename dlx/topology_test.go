@@ -218,6 +218,10 @@ func TestValidate(t *testing.T) {
 		"need Type: dlx.Quorum":           {Queue: "q", DeliveryLimit: 3},
 		"dlx: Topology.RetryDelays[0] must be at least 1ms, got 0s": {Queue: "q", RetryDelays: []time.Duration{0}},
 		"two retry tiers share the queue name \"q.retry.1s\"":       {Queue: "q", RetryDelays: []time.Duration{time.Second, time.Second}},
+		`DLQWithBrokerDefaultLimit is for a quorum DLQ created without x-delivery-limit: it needs Type: dlx.Quorum, got "classic"`: {
+			Queue: "q", DLQWithBrokerDefaultLimit: true},
+		"DLQWithBrokerDefaultLimit declares the DLQ without x-delivery-limit, but Topology.DLQArguments sets it to 50": {
+			Queue: "q", Type: dlx.Quorum, DLQWithBrokerDefaultLimit: true, DLQArguments: amqp.Table{"x-delivery-limit": int64(50)}},
 	}
 	for want, topo := range tests {
 		if err := topo.Validate(); err == nil || !strings.Contains(err.Error(), want) {
@@ -277,8 +281,9 @@ func TestSingleRetryDelayLayout(t *testing.T) {
 }
 
 // Inspecting or filtering a DLQ hands messages back, which counts as a
-// delivery: the DLQ must never carry a delivery limit of ours.
-func TestQuorumDLQHasNoDeliveryLimit(t *testing.T) {
+// delivery: the DLQ must never carry Topology.DeliveryLimit, and gets a limit
+// of math.MaxInt32 so that RabbitMQ 4's default of 20 does not apply either.
+func TestQuorumDLQGetsNoTopologyDeliveryLimit(t *testing.T) {
 	topo := topology(t, dlx.Topology{
 		Type: dlx.Quorum, DeliveryLimit: 2, RetryDelays: []time.Duration{time.Second},
 		DLQArguments: amqp.Table{"x-max-length": int64(100000)},
@@ -290,11 +295,13 @@ func TestQuorumDLQHasNoDeliveryLimit(t *testing.T) {
 			args[name] = a
 		}
 	}
-	if !strings.Contains(args[topo.Queue], "x-delivery-limit") || !strings.Contains(args[topo.RetryQueue(time.Second)], "x-delivery-limit") {
-		t.Errorf("work and retry queues should carry the delivery limit: %q, %q", args[topo.Queue], args[topo.RetryQueue(time.Second)])
+	for _, q := range []string{topo.Queue, topo.RetryQueue(time.Second)} {
+		if !strings.Contains(args[q], `{"x-delivery-limit",2}`) {
+			t.Errorf("%s should carry the delivery limit 2: %q", q, args[q])
+		}
 	}
-	if strings.Contains(args[topo.DLQ()], "x-delivery-limit") || !strings.Contains(args[topo.DLQ()], "x-max-length") {
-		t.Errorf("DLQ arguments %q: want DLQArguments and no delivery limit", args[topo.DLQ()])
+	if !strings.Contains(args[topo.DLQ()], `{"x-delivery-limit",2147483647}`) || !strings.Contains(args[topo.DLQ()], "x-max-length") {
+		t.Errorf("DLQ arguments %q: want DLQArguments and x-delivery-limit 2147483647", args[topo.DLQ()])
 	}
 	// Three messages looked at three times, as three `dlq list` would.
 	brokertest.Publish(t, topo.DLQ(), amqp.Publishing{}, amqp.Publishing{}, amqp.Publishing{})
@@ -310,6 +317,39 @@ func TestQuorumDLQHasNoDeliveryLimit(t *testing.T) {
 	if n := brokertest.Depth(t, topo.DLQ()); n != 3 {
 		t.Fatalf("the DLQ holds %d after three looks, want all 3", n)
 	}
+}
+
+// A quorum DLQ created before the Topology gave it x-delivery-limit cannot
+// take it now: Declare says so and how to get out, and
+// DLQWithBrokerDefaultLimit declares it as it is.
+func TestQuorumDLQCreatedWithoutDeliveryLimit(t *testing.T) {
+	topo := topology(t, dlx.Topology{Type: dlx.Quorum})
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	if _, err := ch.QueueDeclare(topo.DLQ(), true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	err := topo.Declare(brokertest.Channel(t, brokertest.Dial(t)))
+	var ce *dlx.ConflictError
+	if !errors.As(err, &ce) || ce.Name != topo.DLQ() || ce.Argument != "x-delivery-limit" {
+		t.Fatalf("err = %v, want a ConflictError on the DLQ's x-delivery-limit", err)
+	}
+	for _, want := range []string{
+		"quorum DLQ " + fmt.Sprintf("%q", topo.DLQ()) + " was created without x-delivery-limit",
+		"drops a dead letter after 20",
+		"amqpretry dlq replay " + topo.DLQ() + " sends the dead letters back",
+		"--to QUEUE",
+		"rabbitmqctl delete_queue " + topo.DLQ() + " --if-empty",
+		"set Topology.DLQWithBrokerDefaultLimit",
+		"safe on RabbitMQ 3.x",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
+	}
+
+	topo.DLQWithBrokerDefaultLimit = true
+	declare(t, topo)
+	declare(t, topo) // idempotent
 }
 
 // The original exchange and routing key survive the tier hops, so a replay
