@@ -4,8 +4,11 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -47,7 +50,12 @@ type Topology struct {
 	// Quorum. Retry and dead-letter queues take this type too: set Quorum for a
 	// quorum work queue, even one declared elsewhere (SkipWorkQueue).
 	Type QueueType
-	// QueueArguments are added to the work queue's arguments (x-max-length, ...).
+	// QueueArguments are added to the work queue's arguments (x-max-length,
+	// ...). Validate refuses the ones Declare sets itself, which would be
+	// lost: x-dead-letter-exchange and x-dead-letter-routing-key, x-queue-type
+	// (which the retry queues and DLQ would not get: see Type), and on a
+	// quorum queue x-delivery-limit with DeliveryLimit, x-overflow and
+	// x-dead-letter-strategy with AtLeastOnce. Not with SkipWorkQueue.
 	QueueArguments amqp.Table
 	// SkipWorkQueue leaves the work queue to someone else: only the exchange,
 	// dead-letter and retry queues are declared, and the work queue's own
@@ -56,6 +64,8 @@ type Topology struct {
 
 	// Exchange, when set, is declared (ExchangeKind, default "direct") and the
 	// work queue bound to it with BindingKeys (default: the queue's name).
+	// ExchangeKind and BindingKeys need Exchange, and BindingKeys a work
+	// queue of ours (not SkipWorkQueue): Validate refuses them otherwise.
 	Exchange     string
 	ExchangeKind string
 	BindingKeys  []string
@@ -69,7 +79,8 @@ type Topology struct {
 	// RetryDelays are the broker-side retry tiers, shortest first.
 	RetryDelays []time.Duration
 	// RetryQueueName names the tier for a delay; default Queue+".retry."+delay
-	// ("orders.retry.10s", "orders.retry.1m").
+	// ("orders.retry.10s", "orders.retry.1m"). Not with SingleRetryDelay,
+	// whose one retry queue is always Queue+".retry".
 	RetryQueueName func(delay time.Duration) string
 	// SingleRetryDelay selects the articles' layout with one retry queue,
 	// Queue+".retry", instead of RetryDelays.
@@ -169,6 +180,33 @@ func (t Topology) Validate() error {
 	if v, ok := t.DLQArguments["x-delivery-limit"]; ok && t.DLQWithBrokerDefaultLimit {
 		bad("dlx: Topology.DLQWithBrokerDefaultLimit declares the DLQ without x-delivery-limit, but Topology.DLQArguments sets it to %v: drop one", v)
 	}
+	if t.Exchange == "" && t.ExchangeKind != "" {
+		bad("dlx: Topology.ExchangeKind %q needs Topology.Exchange: without it no exchange is declared", t.ExchangeKind)
+	}
+	if t.Exchange == "" && len(t.BindingKeys) > 0 {
+		bad("dlx: Topology.BindingKeys %q need Topology.Exchange: without it the work queue is bound to nothing", t.BindingKeys)
+	}
+	if t.SkipWorkQueue && len(t.QueueArguments) > 0 {
+		bad("dlx: Topology.QueueArguments %v are not used with Topology.SkipWorkQueue: the work queue is declared elsewhere", t.QueueArguments)
+	}
+	if t.SkipWorkQueue && t.Exchange != "" && len(t.BindingKeys) > 0 {
+		bad("dlx: Topology.BindingKeys %q are not used with Topology.SkipWorkQueue: the work queue is not bound either", t.BindingKeys)
+	}
+	if t.RetryQueueName != nil && t.SingleRetryDelay > 0 {
+		bad("dlx: Topology.RetryQueueName is not used with Topology.SingleRetryDelay %v: that layout's retry queue is always Queue+\".retry\" (%q)",
+			t.SingleRetryDelay, t.SingleRetryQueue())
+	}
+	if !t.SkipWorkQueue {
+		owned := t.workQueueArguments()
+		for _, k := range slices.Sorted(maps.Keys(t.QueueArguments)) {
+			if why, ok := owned[k]; ok {
+				bad("dlx: Topology.QueueArguments[%q] = %s: %s", k, quoted(t.QueueArguments[k]), why)
+			}
+		}
+	}
+	if v, ok := t.DLQArguments["x-queue-type"]; ok {
+		bad("dlx: Topology.DLQArguments[\"x-queue-type\"] = %s: the other queues of the topology would not get it; set Topology.Type", quoted(v))
+	}
 	seen := map[string]bool{}
 	for i, d := range t.RetryDelays {
 		if d < time.Millisecond {
@@ -184,6 +222,48 @@ func (t Topology) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// workQueueArguments are the work queue's arguments that Declare sets
+// itself, each with why a value in QueueArguments cannot have its way.
+func (t Topology) workQueueArguments() map[string]string {
+	owned := map[string]string{
+		"x-queue-type": "the retry queues and the DLQ would not get it; set Topology.Type",
+	}
+	dl := t.workDeadLettering()
+	ex, key := dl["x-dead-letter-exchange"], dl["x-dead-letter-routing-key"]
+	if t.SingleRetryDelay > 0 {
+		owned["x-dead-letter-exchange"] = fmt.Sprintf("Declare sets it to %q, with Topology.SingleRetryDelay the work queue dead-letters into its retry queue", ex)
+		owned["x-dead-letter-routing-key"] = fmt.Sprintf("Declare sets it to %q, with Topology.SingleRetryDelay the work queue dead-letters into its retry queue", key)
+	} else {
+		owned["x-dead-letter-exchange"] = fmt.Sprintf("Declare sets it to the topology's DLX, %q; name that with Topology.DeadLetterExchange", ex)
+		owned["x-dead-letter-routing-key"] = fmt.Sprintf("Declare sets it to the topology's DLQ routing key, %q; name that with Topology.DeadLetterRoutingKey", key)
+	}
+	if t.Type == Quorum && t.DeliveryLimit > 0 {
+		owned["x-delivery-limit"] = fmt.Sprintf("Declare sets it to Topology.DeliveryLimit, %d", t.DeliveryLimit)
+	}
+	if t.Type == Quorum && t.AtLeastOnce {
+		owned["x-dead-letter-strategy"] = `Declare sets it to "at-least-once" for Topology.AtLeastOnce`
+		owned["x-overflow"] = `Declare sets it to "reject-publish", which Topology.AtLeastOnce needs`
+	}
+	return owned
+}
+
+// workDeadLettering is where the work queue dead-letters: the DLX, or with
+// SingleRetryDelay the retry queue, through the default exchange.
+func (t Topology) workDeadLettering() amqp.Table {
+	if t.SingleRetryDelay > 0 {
+		return amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": t.SingleRetryQueue()}
+	}
+	return amqp.Table{"x-dead-letter-exchange": t.DLX(), "x-dead-letter-routing-key": t.DLQRoutingKey()}
+}
+
+// quoted writes an argument's value as Go would: strings in quotes.
+func quoted(v any) string {
+	if s, ok := v.(string); ok {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprint(v)
 }
 
 // Declare declares the topology on ch, idempotently: run it at startup or
@@ -220,19 +300,17 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 			return err
 		}
 	}
-	workDL := amqp.Table{"x-dead-letter-exchange": t.DLX(), "x-dead-letter-routing-key": t.DLQRoutingKey()}
 	if t.SingleRetryDelay > 0 {
 		if err := t.declareQueue(ch, t.SingleRetryQueue(), backToWork(t.SingleRetryDelay), true); err != nil {
 			return err
 		}
-		workDL = amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": t.SingleRetryQueue()}
 	}
 	if !t.SkipWorkQueue {
 		args := amqp.Table{}
 		for k, v := range t.QueueArguments {
 			args[k] = v
 		}
-		for k, v := range workDL {
+		for k, v := range t.workDeadLettering() {
 			args[k] = v
 		}
 		if err := t.declareQueue(ch, t.Queue, args, true); err != nil {
