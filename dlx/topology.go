@@ -42,7 +42,11 @@ const (
 // With SingleRetryDelay instead of RetryDelays, the layout of the classic
 // articles: Q dead-letters into one Q.retry queue whose TTL sends messages
 // back, and a rejection is a retry, atomically in the broker (see
-// RejectToRetry).
+// RejectToRetry). There a rejection never reaches the DLQ: a Permanent error
+// with no recoverer, or recoverer.Reject(), sends the message round Q.retry
+// forever. Every chain consuming Q must end in
+//
+//	middleware.Recover(topo.RejectToRetry(n, recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())))
 type Topology struct {
 	// Queue is the work queue. Required.
 	Queue string
@@ -83,7 +87,11 @@ type Topology struct {
 	// whose one retry queue is always Queue+".retry".
 	RetryQueueName func(delay time.Duration) string
 	// SingleRetryDelay selects the articles' layout with one retry queue,
-	// Queue+".retry", instead of RetryDelays.
+	// Queue+".retry", instead of RetryDelays. The work queue then
+	// dead-letters every rejection into the retry queue, which returns it
+	// after the delay: only a recoverer that publishes takes a message to the
+	// DLQ, so every chain must end in Recover(topo.RejectToRetry(n,
+	// recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey()))).
 	SingleRetryDelay time.Duration
 
 	// DeliveryLimit sets x-delivery-limit on the quorum work and retry queues
