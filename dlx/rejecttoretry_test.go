@@ -62,6 +62,10 @@ func TestRejectToRetryNeverRejectsOutOfTheLoop(t *testing.T) {
 			if got := len(pub.Sent()) == 1; got != tt.published {
 				t.Errorf("published %d messages, want published=%v", len(pub.Sent()), tt.published)
 			}
+			var retry interface{ RetriesThroughDeadLetters() bool }
+			if got := errors.As(err, &retry) && retry.RetriesThroughDeadLetters(); got != (tt.want == middleware.Reject) {
+				t.Errorf("error %v: RetriesThroughDeadLetters %v, want it exactly on the retries, which the listener must not report as a loop", err, got)
+			}
 			for _, want := range tt.says {
 				if err == nil || !strings.Contains(err.Error(), want) {
 					t.Errorf("error %v; want it to say %q", err, want)

@@ -161,7 +161,9 @@ func (r *TierRecoverer) NextDelay(d *amqp.Delivery) time.Duration {
 // When final asks for a rejection (middleware.ErrReject: recoverer.Reject(),
 // say), RejectToRetry returns an error that does not match ErrReject and says
 // so, and the listener requeues the message, with its delay, instead of
-// sending it round the loop forever. RejectToRetry panics if the topology is
+// sending it round the loop forever. Its own rejections, the retries, have a
+// RetriesThroughDeadLetters() bool method that returns true, so that the
+// listener tells them from a rejection that loops by mistake. RejectToRetry panics if the topology is
 // invalid or has no SingleRetryDelay, if maxRetries is negative or final nil.
 func (t Topology) RejectToRetry(maxRetries int, final middleware.Recoverer) middleware.Recoverer {
 	errs := []error{t.Validate()}
@@ -180,7 +182,7 @@ func (t Topology) RejectToRetry(maxRetries int, final middleware.Recoverer) midd
 	return middleware.RecovererFunc(func(ctx context.Context, d *amqp.Delivery, cause error) error {
 		rejected := rejections(d, t.Queue)
 		if rejected < maxRetries && !middleware.IsPermanent(cause) {
-			return fmt.Errorf("dlx: retry %d of %d through %s: %w", rejected+1, maxRetries, t.SingleRetryQueue(), middleware.ErrReject)
+			return &retryRejection{fmt.Sprintf("dlx: retry %d of %d through %s: %v", rejected+1, maxRetries, t.SingleRetryQueue(), middleware.ErrReject)}
 		}
 		err := final.Recover(ctx, d, cause)
 		if errors.Is(err, middleware.ErrReject) {
@@ -193,6 +195,18 @@ func (t Topology) RejectToRetry(maxRetries int, final middleware.Recoverer) midd
 		return err
 	})
 }
+
+// retryRejection is RejectToRetry's rejection below maxRetries: one that is
+// meant to come back.
+type retryRejection struct{ msg string }
+
+func (e *retryRejection) Error() string { return e.msg }
+func (e *retryRejection) Unwrap() error { return middleware.ErrReject }
+
+// RetriesThroughDeadLetters tells the listener, which looks for the method
+// with errors.As, that the message will come back to its queue on purpose:
+// a rejection it must not report as a loop.
+func (e *retryRejection) RetriesThroughDeadLetters() bool { return true }
 
 // RejectedFrom reports whether the broker has dead-lettered d out of queue
 // because a consumer rejected it (an x-death entry with that queue and
