@@ -43,34 +43,39 @@ func returns(t *testing.T, queue string, max int, nack bool) (delivered int, las
 }
 
 // What the README's RabbitMQ 4 section says of a quorum DLQ, on the broker
-// under test: the Topology's DLQ keeps the broker's default limit (none on 3,
-// 20 on 4, where being looked at counts); x-delivery-limit -1 is unlimited on 4
-// but drops a message at its first return on 3.10; math.MaxInt32 is
-// unlimited in practice on both.
+// under test: the Topology's DLQ keeps a dead letter however often it is
+// looked at; declared without x-delivery-limit (DLQWithBrokerDefaultLimit) it
+// has the broker's default limit (none on 3, 20 on 4, where being looked at
+// counts); x-delivery-limit -1 is unlimited on 4 but drops a message at its
+// first return on 3.10; math.MaxInt32, the Topology's, is unlimited in
+// practice on both.
 func TestQuorumDLQDeliveryLimit(t *testing.T) {
 	major := brokertest.Major(t)
+	kept := func(int) int { return 31 }
 	tests := []struct {
 		name      string
-		args      amqp.Table
+		topo      dlx.Topology
 		delivered func(major int) int // before the message is gone; 31 = still there after 30 returns
 	}{
-		{"topology default", nil, func(major int) int {
+		{"topology default", dlx.Topology{}, kept},
+		{"DLQWithBrokerDefaultLimit", dlx.Topology{DLQWithBrokerDefaultLimit: true}, func(major int) int {
 			if major >= 4 {
 				return 21
 			}
 			return 31
 		}},
-		{"-1", amqp.Table{"x-delivery-limit": int64(-1)}, func(major int) int {
+		{"-1", dlx.Topology{DLQArguments: amqp.Table{"x-delivery-limit": int64(-1)}}, func(major int) int {
 			if major >= 4 {
 				return 31
 			}
 			return 1
 		}},
-		{"MaxInt32", amqp.Table{"x-delivery-limit": int64(math.MaxInt32)}, func(int) int { return 31 }},
+		{"MaxInt32", dlx.Topology{DLQArguments: amqp.Table{"x-delivery-limit": int64(math.MaxInt32)}}, kept},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			topo := topology(t, dlx.Topology{Type: dlx.Quorum, DLQArguments: tt.args})
+			tt.topo.Type = dlx.Quorum
+			topo := topology(t, tt.topo)
 			declare(t, topo)
 			brokertest.Publish(t, topo.DLQ(), amqp.Publishing{Body: []byte("a dead letter")})
 			got, count := returns(t, topo.DLQ(), 30, true)

@@ -72,9 +72,12 @@ func ReplayProgress(f func(ReplayStats)) ReplayOption {
 // ReplayMatch, stays on the DLQ. Replay looks at each message that was on the
 // DLQ when it started once, and returns when it has seen them all, when the
 // limit is reached, or when ctx ends; ch is used for basic.get and acks.
-// Skipped messages are handed back at the end with basic.nack: on a quorum
-// DLQ with a delivery limit RabbitMQ 4.0 counts that as a delivery (4.3 no
-// longer counts a nack); see Topology.DeliveryLimit for the DLQ's limit.
+// Skipped messages are handed back at the end with basic.nack, which
+// RabbitMQ 4.0 counts toward a quorum DLQ's delivery limit (4.3 no longer
+// counts a nack): a Topology gives its quorum DLQ a limit of math.MaxInt32
+// for that reason (see Topology.DLQArguments), but a quorum DLQ declared
+// without x-delivery-limit has RabbitMQ 4's default of 20, and the broker
+// drops a dead letter skipped more often than that.
 func Replay(ctx context.Context, ch *amqp.Channel, pub recoverer.Publisher, dlq string, opts ...ReplayOption) (ReplayStats, error) {
 	cfg := replayConfig{prefix: recoverer.DefaultHeaderPrefix}
 	for _, opt := range opts {

@@ -150,12 +150,28 @@ func (r *TierRecoverer) NextDelay(d *amqp.Delivery) time.Duration {
 // below maxRetries it has the listener reject the message, and the broker
 // moves it to the retry queue and back atomically, no publisher needed. The
 // count comes from the x-death entries the broker writes for rejections from
-// the work queue. From maxRetries on, final decides: recoverer.Republish to
-// the DLQ, or recoverer.Requeue.
+// the work queue. From maxRetries on, and for Permanent errors at once, final
+// decides, and it must take the message out of the loop itself: in this
+// layout the work queue dead-letters every rejection into its retry queue, so
+// a rejection never reaches the DLQ. Use
+//
+//	topo.RejectToRetry(n, recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey()))
+//
+// to park it on the DLQ, or recoverer.Requeue() to keep it on the work queue.
+// When final asks for a rejection (middleware.ErrReject: recoverer.Reject(),
+// say), RejectToRetry returns an error that does not match ErrReject and says
+// so, and the listener requeues the message, with its delay, instead of
+// sending it round the loop forever. Its own rejections, the retries, have a
+// RetriesThroughDeadLetters() bool method that returns true, so that the
+// listener tells them from a rejection that loops by mistake. RejectToRetry panics if the topology is
+// invalid or has no SingleRetryDelay, if maxRetries is negative or final nil.
 func (t Topology) RejectToRetry(maxRetries int, final middleware.Recoverer) middleware.Recoverer {
 	errs := []error{t.Validate()}
 	if t.SingleRetryDelay <= 0 {
 		errs = append(errs, errors.New("dlx: RejectToRetry needs Topology.SingleRetryDelay"))
+	}
+	if maxRetries < 0 {
+		errs = append(errs, fmt.Errorf("dlx: RejectToRetry expects maxRetries >= 0, got %d", maxRetries))
 	}
 	if final == nil {
 		errs = append(errs, errors.New("dlx: RejectToRetry expects a final Recoverer"))
@@ -164,15 +180,56 @@ func (t Topology) RejectToRetry(maxRetries int, final middleware.Recoverer) midd
 		panic(err.Error())
 	}
 	return middleware.RecovererFunc(func(ctx context.Context, d *amqp.Delivery, cause error) error {
-		rejected := 0
-		for _, death := range Deaths(d) {
-			if death.Queue == t.Queue && death.Reason == "rejected" {
-				rejected += death.Count
-			}
+		rejected := rejections(d, t.Queue)
+		if rejected < maxRetries && !middleware.IsPermanent(cause) {
+			return &retryRejection{fmt.Sprintf("dlx: retry %d of %d through %s: %v", rejected+1, maxRetries, t.SingleRetryQueue(), middleware.ErrReject)}
 		}
-		if rejected >= maxRetries || middleware.IsPermanent(cause) {
-			return final.Recover(ctx, d, cause)
+		err := final.Recover(ctx, d, cause)
+		if errors.Is(err, middleware.ErrReject) {
+			// Not wrapped: matching ErrReject would have the listener reject it.
+			return fmt.Errorf("dlx: RejectToRetry's final recoverer asked for a rejection (%v), but %s dead-letters every rejection into %s, "+
+				"which sends it back, so the message would loop forever instead of reaching the DLQ: it is requeued instead; "+
+				"make final a recoverer that publishes it, recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey()), here to exchange %q with key %q",
+				err, t.Queue, t.SingleRetryQueue(), t.DLX(), t.DLQRoutingKey())
 		}
-		return fmt.Errorf("dlx: retry %d of %d through %s: %w", rejected+1, maxRetries, t.SingleRetryQueue(), middleware.ErrReject)
+		return err
 	})
+}
+
+// retryRejection is RejectToRetry's rejection below maxRetries: one that is
+// meant to come back.
+type retryRejection struct{ msg string }
+
+func (e *retryRejection) Error() string { return e.msg }
+func (e *retryRejection) Unwrap() error { return middleware.ErrReject }
+
+// RetriesThroughDeadLetters tells the listener, which looks for the method
+// with errors.As, that the message will come back to its queue on purpose:
+// a rejection it must not report as a loop.
+func (e *retryRejection) RetriesThroughDeadLetters() bool { return true }
+
+// RejectedFrom reports whether the broker has dead-lettered d out of queue
+// because a consumer rejected it (an x-death entry with that queue and
+// reason "rejected"). For a delivery consumed from queue, that means it came
+// back after a rejection: queue dead-letters into a queue that returns its
+// messages, as the single-delay layout's work queue does (SingleRetryDelay),
+// and rejecting it again would send it round once more rather than to a DLQ.
+func RejectedFrom(d *amqp.Delivery, queue string) bool {
+	for _, death := range Deaths(d) {
+		if death.Queue == queue && death.Reason == "rejected" {
+			return true
+		}
+	}
+	return false
+}
+
+// rejections counts the rejections the broker recorded for d in queue.
+func rejections(d *amqp.Delivery, queue string) int {
+	n := 0
+	for _, death := range Deaths(d) {
+		if death.Queue == queue && death.Reason == "rejected" {
+			n = min(n+death.Count, amqphdr.MaxCount)
+		}
+	}
+	return n
 }

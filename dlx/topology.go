@@ -4,7 +4,12 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"regexp"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -37,7 +42,11 @@ const (
 // With SingleRetryDelay instead of RetryDelays, the layout of the classic
 // articles: Q dead-letters into one Q.retry queue whose TTL sends messages
 // back, and a rejection is a retry, atomically in the broker (see
-// RejectToRetry).
+// RejectToRetry). There a rejection never reaches the DLQ: a Permanent error
+// with no recoverer, or recoverer.Reject(), sends the message round Q.retry
+// forever. Every chain consuming Q must end in
+//
+//	middleware.Recover(topo.RejectToRetry(n, recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())))
 type Topology struct {
 	// Queue is the work queue. Required.
 	Queue string
@@ -45,7 +54,12 @@ type Topology struct {
 	// Quorum. Retry and dead-letter queues take this type too: set Quorum for a
 	// quorum work queue, even one declared elsewhere (SkipWorkQueue).
 	Type QueueType
-	// QueueArguments are added to the work queue's arguments (x-max-length, ...).
+	// QueueArguments are added to the work queue's arguments (x-max-length,
+	// ...). Validate refuses the ones Declare sets itself, which would be
+	// lost: x-dead-letter-exchange and x-dead-letter-routing-key, x-queue-type
+	// (which the retry queues and DLQ would not get: see Type), and on a
+	// quorum queue x-delivery-limit with DeliveryLimit, x-overflow and
+	// x-dead-letter-strategy with AtLeastOnce. Not with SkipWorkQueue.
 	QueueArguments amqp.Table
 	// SkipWorkQueue leaves the work queue to someone else: only the exchange,
 	// dead-letter and retry queues are declared, and the work queue's own
@@ -54,6 +68,8 @@ type Topology struct {
 
 	// Exchange, when set, is declared (ExchangeKind, default "direct") and the
 	// work queue bound to it with BindingKeys (default: the queue's name).
+	// ExchangeKind and BindingKeys need Exchange, and BindingKeys a work
+	// queue of ours (not SkipWorkQueue): Validate refuses them otherwise.
 	Exchange     string
 	ExchangeKind string
 	BindingKeys  []string
@@ -67,10 +83,15 @@ type Topology struct {
 	// RetryDelays are the broker-side retry tiers, shortest first.
 	RetryDelays []time.Duration
 	// RetryQueueName names the tier for a delay; default Queue+".retry."+delay
-	// ("orders.retry.10s", "orders.retry.1m").
+	// ("orders.retry.10s", "orders.retry.1m"). Not with SingleRetryDelay,
+	// whose one retry queue is always Queue+".retry".
 	RetryQueueName func(delay time.Duration) string
 	// SingleRetryDelay selects the articles' layout with one retry queue,
-	// Queue+".retry", instead of RetryDelays.
+	// Queue+".retry", instead of RetryDelays. The work queue then
+	// dead-letters every rejection into the retry queue, which returns it
+	// after the delay: only a recoverer that publishes takes a message to the
+	// DLQ, so every chain must end in Recover(topo.RejectToRetry(n,
+	// recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey()))).
 	SingleRetryDelay time.Duration
 
 	// DeliveryLimit sets x-delivery-limit on the quorum work and retry queues
@@ -79,13 +100,25 @@ type Topology struct {
 	// the message to the DLQ (reason delivery_limit). The DLQ never gets it:
 	// inspecting or filtering a DLQ (amqpretry dlq list, Replay with a match)
 	// hands messages back, which RabbitMQ 4.0 counts as a delivery, and a DLQ
-	// has nowhere to send the ones past the limit. On RabbitMQ 4 pass
-	// x-delivery-limit: int64(math.MaxInt32) in DLQArguments, unlimited in
-	// practice on 3.10 and 4.x alike; not -1, which is unlimited on 4 but
-	// drops a message at its first return on 3.10.
+	// has nowhere to send the ones past the limit. A quorum DLQ gets
+	// x-delivery-limit int64(math.MaxInt32) instead (see DLQArguments), so
+	// that RabbitMQ 4's default of 20 never drops a dead letter.
 	DeliveryLimit int
-	// DLQArguments are added to the dead-letter queue's arguments.
+	// DLQArguments are added to the dead-letter queue's arguments. A quorum
+	// DLQ gets x-delivery-limit int64(math.MaxInt32), unlimited in practice on
+	// RabbitMQ 3.10 and 4.x alike, unless DLQArguments names another (not -1,
+	// which is unlimited on 4 but drops a message at its first return on
+	// 3.10) or DLQWithBrokerDefaultLimit is set. Not x-queue-type: see Type.
 	DLQArguments amqp.Table
+	// DLQWithBrokerDefaultLimit declares a quorum DLQ without
+	// x-delivery-limit, as versions before the default above did, so that a
+	// DLQ created by them still declares (queue arguments cannot change: the
+	// broker refuses the declaration with a *ConflictError). It leaves the DLQ
+	// the broker's default: none on RabbitMQ 3.x, which is safe; 20 on 4.x,
+	// where every look at a dead letter counts and the broker drops it after
+	// 20. Set it only for such a DLQ, and only until you can recreate it.
+	// Needs Type Quorum.
+	DLQWithBrokerDefaultLimit bool
 	// AtLeastOnce makes quorum queues dead-letter at least once
 	// (x-dead-letter-strategy=at-least-once, which needs x-overflow=reject-publish)
 	// instead of at most once.
@@ -149,6 +182,39 @@ func (t Topology) Validate() error {
 	if (t.DeliveryLimit > 0 || t.AtLeastOnce) && t.Type != Quorum {
 		bad("dlx: Topology.DeliveryLimit and Topology.AtLeastOnce need Type: dlx.Quorum")
 	}
+	if t.DLQWithBrokerDefaultLimit && t.Type != Quorum {
+		bad("dlx: Topology.DLQWithBrokerDefaultLimit is for a quorum DLQ created without x-delivery-limit: it needs Type: dlx.Quorum, got %q", cmp.Or(t.Type, Classic))
+	}
+	if v, ok := t.DLQArguments["x-delivery-limit"]; ok && t.DLQWithBrokerDefaultLimit {
+		bad("dlx: Topology.DLQWithBrokerDefaultLimit declares the DLQ without x-delivery-limit, but Topology.DLQArguments sets it to %v: drop one", v)
+	}
+	if t.Exchange == "" && t.ExchangeKind != "" {
+		bad("dlx: Topology.ExchangeKind %q needs Topology.Exchange: without it no exchange is declared", t.ExchangeKind)
+	}
+	if t.Exchange == "" && len(t.BindingKeys) > 0 {
+		bad("dlx: Topology.BindingKeys %q need Topology.Exchange: without it the work queue is bound to nothing", t.BindingKeys)
+	}
+	if t.SkipWorkQueue && len(t.QueueArguments) > 0 {
+		bad("dlx: Topology.QueueArguments %v are not used with Topology.SkipWorkQueue: the work queue is declared elsewhere", t.QueueArguments)
+	}
+	if t.SkipWorkQueue && t.Exchange != "" && len(t.BindingKeys) > 0 {
+		bad("dlx: Topology.BindingKeys %q are not used with Topology.SkipWorkQueue: the work queue is not bound either", t.BindingKeys)
+	}
+	if t.RetryQueueName != nil && t.SingleRetryDelay > 0 {
+		bad("dlx: Topology.RetryQueueName is not used with Topology.SingleRetryDelay %v: that layout's retry queue is always Queue+\".retry\" (%q)",
+			t.SingleRetryDelay, t.SingleRetryQueue())
+	}
+	if !t.SkipWorkQueue {
+		owned := t.workQueueArguments()
+		for _, k := range slices.Sorted(maps.Keys(t.QueueArguments)) {
+			if why, ok := owned[k]; ok {
+				bad("dlx: Topology.QueueArguments[%q] = %s: %s", k, quoted(t.QueueArguments[k]), why)
+			}
+		}
+	}
+	if v, ok := t.DLQArguments["x-queue-type"]; ok {
+		bad("dlx: Topology.DLQArguments[\"x-queue-type\"] = %s: the other queues of the topology would not get it; set Topology.Type", quoted(v))
+	}
 	seen := map[string]bool{}
 	for i, d := range t.RetryDelays {
 		if d < time.Millisecond {
@@ -164,6 +230,48 @@ func (t Topology) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// workQueueArguments are the work queue's arguments that Declare sets
+// itself, each with why a value in QueueArguments cannot have its way.
+func (t Topology) workQueueArguments() map[string]string {
+	owned := map[string]string{
+		"x-queue-type": "the retry queues and the DLQ would not get it; set Topology.Type",
+	}
+	dl := t.workDeadLettering()
+	ex, key := dl["x-dead-letter-exchange"], dl["x-dead-letter-routing-key"]
+	if t.SingleRetryDelay > 0 {
+		owned["x-dead-letter-exchange"] = fmt.Sprintf("Declare sets it to %q, with Topology.SingleRetryDelay the work queue dead-letters into its retry queue", ex)
+		owned["x-dead-letter-routing-key"] = fmt.Sprintf("Declare sets it to %q, with Topology.SingleRetryDelay the work queue dead-letters into its retry queue", key)
+	} else {
+		owned["x-dead-letter-exchange"] = fmt.Sprintf("Declare sets it to the topology's DLX, %q; name that with Topology.DeadLetterExchange", ex)
+		owned["x-dead-letter-routing-key"] = fmt.Sprintf("Declare sets it to the topology's DLQ routing key, %q; name that with Topology.DeadLetterRoutingKey", key)
+	}
+	if t.Type == Quorum && t.DeliveryLimit > 0 {
+		owned["x-delivery-limit"] = fmt.Sprintf("Declare sets it to Topology.DeliveryLimit, %d", t.DeliveryLimit)
+	}
+	if t.Type == Quorum && t.AtLeastOnce {
+		owned["x-dead-letter-strategy"] = `Declare sets it to "at-least-once" for Topology.AtLeastOnce`
+		owned["x-overflow"] = `Declare sets it to "reject-publish", which Topology.AtLeastOnce needs`
+	}
+	return owned
+}
+
+// workDeadLettering is where the work queue dead-letters: the DLX, or with
+// SingleRetryDelay the retry queue, through the default exchange.
+func (t Topology) workDeadLettering() amqp.Table {
+	if t.SingleRetryDelay > 0 {
+		return amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": t.SingleRetryQueue()}
+	}
+	return amqp.Table{"x-dead-letter-exchange": t.DLX(), "x-dead-letter-routing-key": t.DLQRoutingKey()}
+}
+
+// quoted writes an argument's value as Go would: strings in quotes.
+func quoted(v any) string {
+	if s, ok := v.(string); ok {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprint(v)
 }
 
 // Declare declares the topology on ch, idempotently: run it at startup or
@@ -182,8 +290,8 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	if err := ch.ExchangeDeclare(t.DLX(), "direct", true, false, false, false, nil); err != nil {
 		return conflict("exchange", t.DLX(), err)
 	}
-	if err := t.declareQueue(ch, t.DLQ(), t.DLQArguments, false); err != nil {
-		return err
+	if err := t.declareQueue(ch, t.DLQ(), t.dlqArguments(), false); err != nil {
+		return t.explainDLQLimitConflict(err)
 	}
 	if err := ch.QueueBind(t.DLQ(), t.DLQRoutingKey(), t.DLX(), false, nil); err != nil {
 		return fmt.Errorf("dlx: bind %s to %s: %w", t.DLQ(), t.DLX(), err)
@@ -200,19 +308,17 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 			return err
 		}
 	}
-	workDL := amqp.Table{"x-dead-letter-exchange": t.DLX(), "x-dead-letter-routing-key": t.DLQRoutingKey()}
 	if t.SingleRetryDelay > 0 {
 		if err := t.declareQueue(ch, t.SingleRetryQueue(), backToWork(t.SingleRetryDelay), true); err != nil {
 			return err
 		}
-		workDL = amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": t.SingleRetryQueue()}
 	}
 	if !t.SkipWorkQueue {
 		args := amqp.Table{}
 		for k, v := range t.QueueArguments {
 			args[k] = v
 		}
-		for k, v := range workDL {
+		for k, v := range t.workDeadLettering() {
 			args[k] = v
 		}
 		if err := t.declareQueue(ch, t.Queue, args, true); err != nil {
@@ -236,6 +342,45 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		return fmt.Errorf("dlx: the dead-letter exchange %s is missing after declaring it (deleted concurrently?): %w", t.DLX(), err)
 	}
 	return nil
+}
+
+// dlqDeliveryLimit is a quorum DLQ's x-delivery-limit: a look at a dead
+// letter hands it back, which RabbitMQ 4.0 counts as a delivery, so the DLQ
+// must not have RabbitMQ 4's default of 20. -1 would be unlimited on 4 but
+// makes 3.10 drop a message at its first return; MaxInt32 keeps it on both.
+const dlqDeliveryLimit = int64(math.MaxInt32)
+
+// dlqArguments are the DLQ's arguments before declareQueue adds its type.
+func (t Topology) dlqArguments() amqp.Table {
+	args := amqp.Table{}
+	for k, v := range t.DLQArguments {
+		args[k] = v
+	}
+	if _, own := args["x-delivery-limit"]; t.Type == Quorum && !own && !t.DLQWithBrokerDefaultLimit {
+		args["x-delivery-limit"] = dlqDeliveryLimit
+	}
+	return args
+}
+
+// explainDLQLimitConflict says what to do when the DLQ exists without the
+// x-delivery-limit dlqArguments gives it: a quorum DLQ declared by a version
+// of the library before that default, which every upgrade meets once.
+func (t Topology) explainDLQLimitConflict(err error) error {
+	var ce *ConflictError
+	_, own := t.DLQArguments["x-delivery-limit"]
+	if !errors.As(err, &ce) || ce.Argument != "x-delivery-limit" || own || t.Type != Quorum || t.DLQWithBrokerDefaultLimit ||
+		!strings.Contains(ce.Reason, "current is none") {
+		return err
+	}
+	ce.explanation = fmt.Sprintf("dlx: the quorum DLQ %[1]q was created without x-delivery-limit (%[2]s); "+
+		"dlx.Topology now declares it with x-delivery-limit %[3]d because on RabbitMQ 4 a quorum queue without one has a limit of 20, "+
+		"every look at a dead letter (amqpretry dlq list or show, Replay skipping it) counts as a delivery, and the broker drops a dead letter after 20. "+
+		"Queue arguments cannot change after creation: either empty %[1]s and delete it so that it is declared again "+
+		"(amqpretry dlq replay %[1]s sends the dead letters back to their queues, --to QUEUE to another existing queue, both without their fault headers; "+
+		"then rabbitmqctl delete_queue %[1]s --if-empty), "+
+		"or set Topology.DLQWithBrokerDefaultLimit to declare it as it is: safe on RabbitMQ 3.x, which has no default limit, not on 4.x",
+		ce.Name, ce.Reason, dlqDeliveryLimit)
+	return ce
 }
 
 // declareQueue declares a durable queue of the topology's type;
@@ -269,9 +414,14 @@ type ConflictError struct {
 	Name     string
 	Argument string // the argument the broker named, if it did
 	Reason   string // the broker's text
+
+	explanation string // replaces the generic advice when Declare knows better
 }
 
 func (e *ConflictError) Error() string {
+	if e.explanation != "" {
+		return e.explanation
+	}
 	arg := "arguments"
 	if e.Argument != "" {
 		arg = e.Argument

@@ -218,6 +218,10 @@ func TestValidate(t *testing.T) {
 		"need Type: dlx.Quorum":           {Queue: "q", DeliveryLimit: 3},
 		"dlx: Topology.RetryDelays[0] must be at least 1ms, got 0s": {Queue: "q", RetryDelays: []time.Duration{0}},
 		"two retry tiers share the queue name \"q.retry.1s\"":       {Queue: "q", RetryDelays: []time.Duration{time.Second, time.Second}},
+		`DLQWithBrokerDefaultLimit is for a quorum DLQ created without x-delivery-limit: it needs Type: dlx.Quorum, got "classic"`: {
+			Queue: "q", DLQWithBrokerDefaultLimit: true},
+		"DLQWithBrokerDefaultLimit declares the DLQ without x-delivery-limit, but Topology.DLQArguments sets it to 50": {
+			Queue: "q", Type: dlx.Quorum, DLQWithBrokerDefaultLimit: true, DLQArguments: amqp.Table{"x-delivery-limit": int64(50)}},
 	}
 	for want, topo := range tests {
 		if err := topo.Validate(); err == nil || !strings.Contains(err.Error(), want) {
@@ -236,10 +240,13 @@ func TestValidate(t *testing.T) {
 
 // Validate and Tiers name every problem at once, not the first.
 func TestValidateNamesEveryProblem(t *testing.T) {
-	topo := dlx.Topology{Type: "stream", DeliveryLimit: -1, RetryDelays: []time.Duration{time.Minute, 0}}
+	topo := dlx.Topology{Type: "stream", DeliveryLimit: -1, RetryDelays: []time.Duration{time.Minute, 0},
+		ExchangeKind: "fanout", QueueArguments: amqp.Table{"x-queue-type": "quorum", "x-dead-letter-exchange": "x"}}
 	err := topo.Validate()
 	for _, want := range []string{"Topology.Queue is required", `Type must be "classic" or "quorum", got "stream"`,
-		"DeliveryLimit must be >= 0, got -1", "RetryDelays[1] must be at least 1ms, got 0s", "increasing order, got 0s after 1m0s"} {
+		"DeliveryLimit must be >= 0, got -1", "RetryDelays[1] must be at least 1ms, got 0s", "increasing order, got 0s after 1m0s",
+		`ExchangeKind "fanout" needs Topology.Exchange`, `QueueArguments["x-queue-type"] = "quorum"`,
+		`QueueArguments["x-dead-letter-exchange"] = "x"`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v; want it to say %q", err, want)
 		}
@@ -277,8 +284,9 @@ func TestSingleRetryDelayLayout(t *testing.T) {
 }
 
 // Inspecting or filtering a DLQ hands messages back, which counts as a
-// delivery: the DLQ must never carry a delivery limit of ours.
-func TestQuorumDLQHasNoDeliveryLimit(t *testing.T) {
+// delivery: the DLQ must never carry Topology.DeliveryLimit, and gets a limit
+// of math.MaxInt32 so that RabbitMQ 4's default of 20 does not apply either.
+func TestQuorumDLQGetsNoTopologyDeliveryLimit(t *testing.T) {
 	topo := topology(t, dlx.Topology{
 		Type: dlx.Quorum, DeliveryLimit: 2, RetryDelays: []time.Duration{time.Second},
 		DLQArguments: amqp.Table{"x-max-length": int64(100000)},
@@ -290,15 +298,22 @@ func TestQuorumDLQHasNoDeliveryLimit(t *testing.T) {
 			args[name] = a
 		}
 	}
-	if !strings.Contains(args[topo.Queue], "x-delivery-limit") || !strings.Contains(args[topo.RetryQueue(time.Second)], "x-delivery-limit") {
-		t.Errorf("work and retry queues should carry the delivery limit: %q, %q", args[topo.Queue], args[topo.RetryQueue(time.Second)])
+	for _, q := range []string{topo.Queue, topo.RetryQueue(time.Second)} {
+		if !strings.Contains(args[q], `{"x-delivery-limit",2}`) {
+			t.Errorf("%s should carry the delivery limit 2: %q", q, args[q])
+		}
 	}
-	if strings.Contains(args[topo.DLQ()], "x-delivery-limit") || !strings.Contains(args[topo.DLQ()], "x-max-length") {
-		t.Errorf("DLQ arguments %q: want DLQArguments and no delivery limit", args[topo.DLQ()])
+	if !strings.Contains(args[topo.DLQ()], `{"x-delivery-limit",2147483647}`) || !strings.Contains(args[topo.DLQ()], "x-max-length") {
+		t.Errorf("DLQ arguments %q: want DLQArguments and x-delivery-limit 2147483647", args[topo.DLQ()])
 	}
-	// Three messages looked at three times, as three `dlq list` would.
+	// Three messages looked at three times, as three `dlq list` would. A
+	// closed channel's unacked messages can reach the quorum queue again a
+	// moment after Close returns (seen once on 3.10 under -race): wait for
+	// them rather than read a depth of 0.
 	brokertest.Publish(t, topo.DLQ(), amqp.Publishing{}, amqp.Publishing{}, amqp.Publishing{})
-	for range 3 {
+	allBack := func() bool { return brokertest.Depth(t, topo.DLQ()) == 3 }
+	for look := range 3 {
+		brokertest.Eventually(t, 5*time.Second, fmt.Sprintf("all 3 dead letters back on the DLQ before look %d", look+1), allBack)
 		ch := brokertest.Channel(t, brokertest.Dial(t))
 		for range 3 {
 			if _, ok, err := ch.Get(topo.DLQ(), false); err != nil || !ok {
@@ -307,9 +322,40 @@ func TestQuorumDLQHasNoDeliveryLimit(t *testing.T) {
 		}
 		ch.Close()
 	}
-	if n := brokertest.Depth(t, topo.DLQ()); n != 3 {
-		t.Fatalf("the DLQ holds %d after three looks, want all 3", n)
+	brokertest.Eventually(t, 5*time.Second, "all 3 dead letters on the DLQ after three looks", allBack)
+}
+
+// A quorum DLQ created before the Topology gave it x-delivery-limit cannot
+// take it now: Declare says so and how to get out, and
+// DLQWithBrokerDefaultLimit declares it as it is.
+func TestQuorumDLQCreatedWithoutDeliveryLimit(t *testing.T) {
+	topo := topology(t, dlx.Topology{Type: dlx.Quorum})
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	if _, err := ch.QueueDeclare(topo.DLQ(), true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
 	}
+	err := topo.Declare(brokertest.Channel(t, brokertest.Dial(t)))
+	var ce *dlx.ConflictError
+	if !errors.As(err, &ce) || ce.Name != topo.DLQ() || ce.Argument != "x-delivery-limit" {
+		t.Fatalf("err = %v, want a ConflictError on the DLQ's x-delivery-limit", err)
+	}
+	for _, want := range []string{
+		"quorum DLQ " + fmt.Sprintf("%q", topo.DLQ()) + " was created without x-delivery-limit",
+		"drops a dead letter after 20",
+		"amqpretry dlq replay " + topo.DLQ() + " sends the dead letters back",
+		"--to QUEUE",
+		"rabbitmqctl delete_queue " + topo.DLQ() + " --if-empty",
+		"set Topology.DLQWithBrokerDefaultLimit",
+		"safe on RabbitMQ 3.x",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
+	}
+
+	topo.DLQWithBrokerDefaultLimit = true
+	declare(t, topo)
+	declare(t, topo) // idempotent
 }
 
 // The original exchange and routing key survive the tier hops, so a replay
@@ -401,5 +447,71 @@ func TestMaxRetriesReusesTheLastTier(t *testing.T) {
 	d, _ := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), topo.DLQ())
 	if d.Headers[dlx.RetryCountHeader] != int64(3) {
 		t.Errorf("DLQ copy has %s = %v, want 3", dlx.RetryCountHeader, d.Headers[dlx.RetryCountHeader])
+	}
+}
+
+// What Declare would ignore or overwrite is refused, naming the field and
+// its value, rather than declared differently from what was written.
+func TestValidateRefusesWhatDeclareWouldNotDo(t *testing.T) {
+	name := func(time.Duration) string { return "custom" }
+	tests := []struct {
+		name string
+		topo dlx.Topology
+		want string
+	}{
+		{"ExchangeKind without Exchange", dlx.Topology{Queue: "q", ExchangeKind: "topic"},
+			`Topology.ExchangeKind "topic" needs Topology.Exchange`},
+		{"BindingKeys without Exchange", dlx.Topology{Queue: "q", BindingKeys: []string{"orders.*"}},
+			`Topology.BindingKeys ["orders.*"] need Topology.Exchange`},
+		{"QueueArguments with SkipWorkQueue", dlx.Topology{Queue: "q", SkipWorkQueue: true, QueueArguments: amqp.Table{"x-max-length": int64(10)}},
+			"Topology.QueueArguments map[x-max-length:10] are not used with Topology.SkipWorkQueue"},
+		{"BindingKeys with SkipWorkQueue", dlx.Topology{Queue: "q", SkipWorkQueue: true, Exchange: "shop", BindingKeys: []string{"a"}},
+			`Topology.BindingKeys ["a"] are not used with Topology.SkipWorkQueue`},
+		{"RetryQueueName with SingleRetryDelay", dlx.Topology{Queue: "q", SingleRetryDelay: time.Second, RetryQueueName: name},
+			`Topology.RetryQueueName is not used with Topology.SingleRetryDelay 1s: that layout's retry queue is always Queue+".retry" ("q.retry")`},
+		{"x-dead-letter-exchange", dlx.Topology{Queue: "q", QueueArguments: amqp.Table{"x-dead-letter-exchange": "mine"}},
+			`Topology.QueueArguments["x-dead-letter-exchange"] = "mine": Declare sets it to the topology's DLX, "q.dlx"; name that with Topology.DeadLetterExchange`},
+		{"x-dead-letter-routing-key", dlx.Topology{Queue: "q", QueueArguments: amqp.Table{"x-dead-letter-routing-key": "k"}},
+			`Topology.QueueArguments["x-dead-letter-routing-key"] = "k": Declare sets it to the topology's DLQ routing key, "q"; name that with Topology.DeadLetterRoutingKey`},
+		{"x-dead-letter-exchange, single delay", dlx.Topology{Queue: "q", SingleRetryDelay: time.Second, QueueArguments: amqp.Table{"x-dead-letter-exchange": "mine"}},
+			`Topology.QueueArguments["x-dead-letter-exchange"] = "mine": Declare sets it to "", with Topology.SingleRetryDelay the work queue dead-letters into its retry queue`},
+		{"x-overflow, quorum at-least-once", dlx.Topology{Queue: "q", Type: dlx.Quorum, AtLeastOnce: true, QueueArguments: amqp.Table{"x-overflow": "drop-head"}},
+			`Topology.QueueArguments["x-overflow"] = "drop-head": Declare sets it to "reject-publish", which Topology.AtLeastOnce needs`},
+		{"x-dead-letter-strategy, quorum at-least-once", dlx.Topology{Queue: "q", Type: dlx.Quorum, AtLeastOnce: true, QueueArguments: amqp.Table{"x-dead-letter-strategy": "at-most-once"}},
+			`Topology.QueueArguments["x-dead-letter-strategy"] = "at-most-once": Declare sets it to "at-least-once"`},
+		{"x-delivery-limit with DeliveryLimit", dlx.Topology{Queue: "q", Type: dlx.Quorum, DeliveryLimit: 5, QueueArguments: amqp.Table{"x-delivery-limit": int64(9)}},
+			`Topology.QueueArguments["x-delivery-limit"] = 9: Declare sets it to Topology.DeliveryLimit, 5`},
+		{"x-queue-type in QueueArguments", dlx.Topology{Queue: "q", QueueArguments: amqp.Table{"x-queue-type": "quorum"}},
+			`Topology.QueueArguments["x-queue-type"] = "quorum": the retry queues and the DLQ would not get it; set Topology.Type`},
+		{"x-queue-type in DLQArguments", dlx.Topology{Queue: "q", DLQArguments: amqp.Table{"x-queue-type": "classic"}},
+			`Topology.DLQArguments["x-queue-type"] = "classic": the other queues of the topology would not get it; set Topology.Type`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.topo.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate() = %v\nwant it to say %s", err, tt.want)
+			}
+		})
+	}
+}
+
+// What Declare does pass on stays allowed.
+func TestValidateAcceptsWhatDeclarePassesOn(t *testing.T) {
+	tests := map[string]dlx.Topology{
+		"QueueArguments":           {Queue: "q", QueueArguments: amqp.Table{"x-max-length": int64(10), "x-overflow": "reject-publish"}},
+		"exchange, kind, keys":     {Queue: "q", Exchange: "shop", ExchangeKind: "topic", BindingKeys: []string{"orders.*"}},
+		"exchange, SkipWorkQueue":  {Queue: "q", Exchange: "shop", ExchangeKind: "topic", SkipWorkQueue: true},
+		"quorum x-overflow":        {Queue: "q", Type: dlx.Quorum, QueueArguments: amqp.Table{"x-overflow": "drop-head"}},
+		"quorum x-delivery-limit":  {Queue: "q", Type: dlx.Quorum, QueueArguments: amqp.Table{"x-delivery-limit": int64(5)}},
+		"DLQArguments":             {Queue: "q", DLQArguments: amqp.Table{"x-max-length": int64(10), "x-dead-letter-exchange": "graveyard"}},
+		"RetryQueueName, tiers":    {Queue: "q", RetryDelays: []time.Duration{time.Second}, RetryQueueName: func(time.Duration) string { return "r" }},
+		"single delay, arguments":  {Queue: "q", SingleRetryDelay: time.Second, QueueArguments: amqp.Table{"x-max-length": int64(10)}},
+		"quorum DLQ as it was":     {Queue: "q", Type: dlx.Quorum, DLQWithBrokerDefaultLimit: true},
+		"quorum DLQ limit of mine": {Queue: "q", Type: dlx.Quorum, DLQArguments: amqp.Table{"x-delivery-limit": int64(1000)}},
+	}
+	for name, topo := range tests {
+		if err := topo.Validate(); err != nil {
+			t.Errorf("%s: Validate() = %v, want nil", name, err)
+		}
 	}
 }

@@ -11,8 +11,10 @@
 // list and show take messages without acking them and hand them back, in
 // place, with basic.nack when they end: on a quorum queue with a delivery
 // limit RabbitMQ 4.0 counts each look as a delivery (4.3 no longer counts a
-// nack), and 4.x gives quorum queues a limit of 20 unless set otherwise: see
-// dlx.Topology.DeliveryLimit.
+// nack), and 4.x gives quorum queues a limit of 20 unless set otherwise, past
+// which a DLQ drops the message. dlx.Topology declares its quorum DLQ with a
+// limit of math.MaxInt32 for that reason (see dlx.Topology.DLQArguments); a
+// quorum DLQ declared without one should not be listed 20 times on 4.0.
 // What list and show print of a message is escaped in Go's notation: control
 // characters, bidi overrides and bytes that are not UTF-8 show as \x1b,
 // \u202e, \xff, never reaching the terminal. Table cells and one-line fields
@@ -220,7 +222,8 @@ func peek(ctx context.Context, ch *amqp.Channel, queue string, limit int, stop f
 // handBack returns peeked messages to their queue with basic.nack(requeue):
 // looking at a message is not its failure, and from RabbitMQ 4.3 a nack,
 // unlike a reject or a closed channel, does not count toward a quorum DLQ's
-// delivery limit.
+// delivery limit. 4.0 counts it: a dlx.Topology's quorum DLQ has a limit too
+// high to reach, any other quorum queue the broker's (20 on 4.x).
 func handBack(msgs []amqp.Delivery) {
 	for _, d := range msgs {
 		_ = d.Nack(false, true)

@@ -91,6 +91,19 @@ func Tiers(ctx context.Context, url string, pub *publisher.Publisher, handle mid
 	return l.Run(ctx)
 }
 
+// SingleDelay is the README's single-TTL layout: the chain that takes the
+// last retry and Permanent errors out of the reject-to-retry loop.
+func SingleDelay(ctx context.Context, url string, pub *publisher.Publisher, handle middleware.Handler) error {
+	topo := dlx.Topology{Queue: "payments", SingleRetryDelay: 30 * time.Second}
+	final := recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())
+	chain := middleware.Chain(middleware.Retry(3), middleware.Recover(topo.RejectToRetry(5, final)))
+	l, err := listener.New("payments", chain, handle, listener.WithURL(url), listener.WithDeclare(topo.Declare))
+	if err != nil {
+		return err
+	}
+	return l.Run(ctx)
+}
+
 // Permanent is the README's error classification snippet.
 func Permanent(ctx context.Context, d *amqp.Delivery) error {
 	if errors.Is(ship(ctx, order{}), errNotFound) {
