@@ -13,6 +13,8 @@ import (
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
 )
 
 const rejectLoops = "a message rejected for good came back to this queue after its last rejection"
@@ -39,6 +41,26 @@ func TestRejectThatLoopsIsReported(t *testing.T) {
 		if logs.count(want) == 0 {
 			t.Errorf("the report does not name %q:\n%s", want, logs.String())
 		}
+	}
+}
+
+// RejectToRetry's own rejections go round on purpose, and its last one goes
+// to the DLQ: nothing to report.
+func TestRejectToRetryIsNotReportedAsALoop(t *testing.T) {
+	topo := singleDelayTopology(t)
+	pub, err := publisher.New(brokertest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	var logs logBuffer
+	r := start(t, topo.Queue, middleware.Recover(topo.RejectToRetry(2, recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey()))),
+		func(context.Context, *amqp.Delivery) error { return errors.New("downstream down") }, listener.WithLogger(logs.logger()))
+	brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: "m"})
+	brokertest.Eventually(t, 10*time.Second, "on the DLQ after two retries", func() bool { return brokertest.Depth(t, topo.DLQ()) == 1 })
+	r.Stop(t)
+	if logs.count(rejectLoops) != 0 {
+		t.Errorf("RejectToRetry's retries were reported as a loop:\n%s", logs.String())
 	}
 }
 
