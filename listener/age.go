@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"math"
 	"sync"
 	"time"
 )
@@ -9,85 +10,144 @@ import (
 // unacknowledged past consumer_timeout (30 minutes by default), and every
 // delivery on that channel goes back to the queue. What a delivery may spend
 // here is more than its Retry's waits, which New checks: its handler's time
-// on every attempt, and its turns at the consumer's gate behind the other
-// deliveries of the prefetch. That cannot be known in advance, so the
-// listener watches the age of each consumer's oldest unsettled delivery and
-// warns before the broker acts.
+// on every attempt, its turns at the consumer's gate behind the others, and
+// its time in the prefetch buffer behind a busy handler. That cannot be
+// known in advance, so the listener watches, on every scaling tick:
+//
+//   - the age of each delivery in flight: the one the reader is handling,
+//     and those parked between attempts. It warns once per delivery at 80%
+//     of the timeout.
+//   - each consumer's prefetch times its mean handler time: how long the
+//     last of a full prefetch waits before its handler even starts. It warns
+//     once per consumer when that reaches 80% of the timeout.
+//
+// Deliveries handled at once (the usual case) cost an atomic store and a
+// compare-and-swap; only parking takes a lock.
 
 // ageWarning is the share of the consumer timeout at which a delivery's age
 // is worth a warning: early enough for an operator to act on it.
 const ageWarning = 0.8
 
-// unsettled is a consumer's deliveries in flight, in the order they were
-// read: the first is the oldest. A list rather than a map so that the oldest
-// costs nothing to find and a delivery nothing to add or remove.
-type unsettled struct {
+// Where a delivery stands in its consumer's parked list.
+const (
+	unlisted int32 = iota
+	listed
+	settled
+)
+
+// parkedList is a consumer's parked deliveries, in the order they parked,
+// which is the order they were read: the first is the oldest.
+type parkedList struct {
 	mu          sync.Mutex
 	first, last *delivery
 }
 
-func (u *unsettled) add(dd *delivery) {
-	u.mu.Lock()
-	dd.prev, dd.next = u.last, nil
-	if u.last != nil {
-		u.last.next = dd
-	} else {
-		u.first = dd
+// park lists dd, unless it is settled already (a WillWait from a goroutine
+// its handler left behind).
+func (p *parkedList) park(dd *delivery) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !dd.place.CompareAndSwap(unlisted, listed) {
+		return
 	}
-	u.last = dd
-	u.mu.Unlock()
+	dd.prev, dd.next = p.last, nil
+	if p.last != nil {
+		p.last.next = dd
+	} else {
+		p.first = dd
+	}
+	p.last = dd
 }
 
-func (u *unsettled) remove(dd *delivery) {
-	u.mu.Lock()
+// settle takes dd off the list if it is on it; for a delivery that never
+// parked it takes no lock.
+func (p *parkedList) settle(dd *delivery) {
+	if dd.place.CompareAndSwap(unlisted, settled) {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if dd.place.Swap(settled) != listed {
+		return
+	}
 	if dd.prev != nil {
 		dd.prev.next = dd.next
 	} else {
-		u.first = dd.next
+		p.first = dd.next
 	}
 	if dd.next != nil {
 		dd.next.prev = dd.prev
 	} else {
-		u.last = dd.prev
+		p.last = dd.prev
 	}
 	dd.prev, dd.next = nil, nil
-	u.mu.Unlock()
 }
 
-// oldest returns the age of the oldest delivery in flight at now (0 when
-// none is), and the delivery itself the first time its age reaches warnAt,
-// so that each is warned about once.
-func (u *unsettled) oldest(now int64, warnAt time.Duration) (time.Duration, *delivery) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	dd := u.first
-	if dd == nil {
-		return 0, nil
+// oldest is the age at now of the consumer's oldest delivery in flight, 0
+// when there is none.
+func (c *consumer) oldest(now int64) time.Duration {
+	var oldest int64 = math.MaxInt64
+	if dd := c.current.Load(); dd != nil {
+		oldest = dd.received
 	}
-	age := time.Duration(now - dd.received)
-	if age < warnAt || dd.agedWarned {
-		return age, nil
+	c.parked.mu.Lock()
+	if dd := c.parked.first; dd != nil {
+		oldest = min(oldest, dd.received)
 	}
-	dd.agedWarned = true
-	return age, dd
+	c.parked.mu.Unlock()
+	if oldest == math.MaxInt64 {
+		return 0
+	}
+	return time.Duration(now - oldest)
 }
 
-// watchAges warns about each delivery that has been in flight for most of
-// the consumer timeout, and returns the age of the oldest one.
-func (s *session) watchAges() {
-	l := s.sv.l
+// aged returns the deliveries of c in flight for warnAt or longer that have
+// not been warned about yet, and marks them. Only watchAges calls it.
+func (c *consumer) aged(now int64, warnAt time.Duration) []*delivery {
+	var out []*delivery
+	old := func(dd *delivery) bool { return time.Duration(now-dd.received) >= warnAt }
+	if dd := c.current.Load(); dd != nil && old(dd) && !dd.agedWarned.Swap(true) {
+		out = append(out, dd)
+	}
+	c.parked.mu.Lock()
+	defer c.parked.mu.Unlock()
+	for dd := c.parked.first; dd != nil && old(dd); dd = dd.next {
+		if !dd.agedWarned.Swap(true) {
+			out = append(out, dd)
+		}
+	}
+	return out
+}
+
+// watchAges warns about deliveries in flight for most of the consumer
+// timeout, and about consumers whose prefetch alone holds deliveries that
+// long.
+func (l *Listener) watchAges() {
 	warnAt := time.Duration(float64(l.cfg.consumerTimeout) * ageWarning)
 	now := monotime()
-	for _, c := range s.active {
-		age, dd := c.unsettled.oldest(now, warnAt)
-		if dd == nil {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.consumers {
+		for _, dd := range c.aged(now, warnAt) {
+			l.cfg.logger.Warn("listener: a delivery has been unsettled for most of the broker's consumer_timeout; "+
+				"past it, RabbitMQ closes the consumer's channel and requeues every delivery on it. "+
+				"Shorten the handler or its retries (hand long delays to dlx retry tiers), lower WithPrefetch so fewer "+
+				"deliveries wait their turn behind the handler, or raise consumer_timeout and WithConsumerTimeout together",
+				"queue", l.queue, "consumer", c.tag, "message_id", dd.id, "delivery_tag", dd.tag,
+				"age", time.Duration(now-dd.received).Round(time.Second), "consumer_timeout", l.cfg.consumerTimeout)
+		}
+		calls := c.calls.Load()
+		if calls == 0 || c.prefetchWarned {
 			continue
 		}
-		l.cfg.logger.Warn("listener: a delivery has been unsettled for most of the broker's consumer_timeout; "+
-			"past it, RabbitMQ closes the consumer's channel and requeues every delivery on it. "+
-			"Shorten the handler or its retries (hand long delays to dlx retry tiers), lower WithPrefetch so fewer "+
-			"deliveries wait their turn behind the handler, or raise consumer_timeout and WithConsumerTimeout together",
-			"queue", l.queue, "consumer", c.tag, "message_id", dd.MessageId, "delivery_tag", dd.DeliveryTag,
-			"age", age.Round(time.Second), "consumer_timeout", l.cfg.consumerTimeout)
+		mean := time.Duration(c.busyNanos.Load() / int64(calls))
+		if backlog := mean * time.Duration(l.cfg.prefetch); backlog >= warnAt {
+			c.prefetchWarned = true
+			l.cfg.logger.Warn("listener: with this prefetch and handler time, the last delivery of a full prefetch waits most of the broker's "+
+				"consumer_timeout before its handler starts; past it, RabbitMQ closes the channel and requeues every delivery on it. "+
+				"Lower WithPrefetch, add consumers, or raise consumer_timeout and WithConsumerTimeout together",
+				"queue", l.queue, "consumer", c.tag, "prefetch", l.cfg.prefetch, "mean_handler_time", mean.Round(time.Millisecond),
+				"wait", backlog.Round(time.Second), "consumer_timeout", l.cfg.consumerTimeout)
+		}
 	}
 }

@@ -13,43 +13,86 @@ import (
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
-// New checks what it can know, the Retry's waits (2s here, under the
-// consumer timeout of 3s). The handler's time on every attempt comes on top
-// and is only known at run time: the listener warns, once, when the oldest
-// delivery in flight reaches 80% of the timeout, and Stats shows its age.
+const nearTimeout = "a delivery has been unsettled for most of the broker's consumer_timeout"
+
+// New checks what it can know, a Retry's waits (2s here, under the consumer
+// timeout of 3s). The rest is only known at run time: the listener warns,
+// once per delivery, when a delivery in flight reaches 80% of the timeout,
+// whether it is parked between attempts or in its handler, and Stats shows
+// the oldest one's age.
 func TestWarnsWhenADeliveryNearsTheConsumerTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		mw     middleware.Middleware
+		handle middleware.Handler
+		oldest time.Duration
+	}{
+		{"retry waits plus handler time", middleware.Retry(2, middleware.WithInitialInterval(2*time.Second)),
+			func(ctx context.Context, d *amqp.Delivery) error {
+				time.Sleep(600 * time.Millisecond)
+				if middleware.Attempt(ctx) == 1 {
+					return errors.New("not yet")
+				}
+				return nil
+			}, 2 * time.Second},
+		{"a slow handler", nil, func(context.Context, *amqp.Delivery) error {
+			time.Sleep(2700 * time.Millisecond)
+			return nil
+		}, 2 * time.Second},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			q := brokertest.Name(t, "q")
+			brokertest.Queue(t, q, nil)
+			brokertest.Publish(t, q, amqp.Publishing{MessageId: "slow"})
+			var logs logBuffer
+			oldest := time.Duration(0)
+			r := start(t, q, tt.mw, tt.handle, listener.WithConsumerTimeout(3*time.Second), listener.WithLogger(logs.logger()))
+			brokertest.Eventually(t, 10*time.Second, "handled", func() bool {
+				oldest = max(oldest, r.Stats().OldestInFlight)
+				return r.Stats().Handled == 1
+			})
+			r.Stop(t)
+			if n := logs.count(nearTimeout); n != 1 {
+				t.Fatalf("the warning was logged %d times, want once:\n%s", n, logs.String())
+			}
+			for _, want := range []string{"queue=" + q, "message_id=slow", "consumer_timeout=3s"} {
+				if logs.count(want) == 0 {
+					t.Errorf("the log does not name %q:\n%s", want, logs.String())
+				}
+			}
+			if oldest < tt.oldest {
+				t.Errorf("Stats().OldestInFlight peaked at %v, want at least %v", oldest, tt.oldest)
+			}
+			if r.Stats().OldestInFlight != 0 {
+				t.Errorf("OldestInFlight = %v with nothing in flight, want 0", r.Stats().OldestInFlight)
+			}
+		})
+	}
+}
+
+// No delivery of a full prefetch is old when its handler starts, as the
+// listener counts, but the last waited in the client for the handlers of
+// all the others: prefetch 10 × 300 ms is 3 s, the whole consumer timeout.
+// The listener warns about that, once, from the handlers' mean time.
+func TestWarnsWhenThePrefetchAloneOutlastsTheConsumerTimeout(t *testing.T) {
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
-	brokertest.Publish(t, q, amqp.Publishing{MessageId: "slow"})
+	publishN(t, q, 10)
 	var logs logBuffer
-	oldest := time.Duration(0)
-	r := start(t, q, middleware.Retry(2, middleware.WithInitialInterval(2*time.Second)),
-		func(ctx context.Context, d *amqp.Delivery) error {
-			time.Sleep(600 * time.Millisecond)
-			if middleware.Attempt(ctx) == 1 {
-				return errors.New("not yet")
-			}
-			return nil
-		},
-		listener.WithConsumerTimeout(3*time.Second), listener.WithLogger(logs.logger()))
-	brokertest.Eventually(t, 10*time.Second, "handled on the second attempt", func() bool {
-		oldest = max(oldest, r.Stats().OldestInFlight)
-		return r.Stats().Handled == 1
-	})
+	r := start(t, q, nil, func(context.Context, *amqp.Delivery) error { time.Sleep(300 * time.Millisecond); return nil },
+		listener.WithPrefetch(10), listener.WithConsumerTimeout(3*time.Second), listener.WithLogger(logs.logger()))
+	brokertest.Eventually(t, 10*time.Second, "handled", func() bool { return r.Stats().Handled == 10 })
 	r.Stop(t)
-	const warning = "a delivery has been unsettled for most of the broker's consumer_timeout"
+	const warning = "the last delivery of a full prefetch waits most of the broker's consumer_timeout"
 	if n := logs.count(warning); n != 1 {
-		t.Fatalf("the warning was logged %d times, want once:\n%s", n, logs.String())
+		t.Fatalf("the prefetch warning was logged %d times, want once:\n%s", n, logs.String())
 	}
-	for _, want := range []string{"queue=" + q, "message_id=slow", "consumer_timeout=3s"} {
+	for _, want := range []string{"prefetch=10", "mean_handler_time=3", "consumer_timeout=3s"} {
 		if logs.count(want) == 0 {
 			t.Errorf("the log does not name %q:\n%s", want, logs.String())
 		}
 	}
-	if oldest < 2*time.Second {
-		t.Errorf("Stats().OldestInFlight peaked at %v, want at least the 2s wait", oldest)
-	}
-	if r.Stats().OldestInFlight != 0 {
-		t.Errorf("OldestInFlight = %v with nothing in flight, want 0", r.Stats().OldestInFlight)
+	if n := logs.count(nearTimeout); n != 0 {
+		t.Errorf("a delivery was reported old; none stayed in flight 2.4s:\n%s", logs.String())
 	}
 }

@@ -31,13 +31,17 @@ type consumer struct {
 	pending    sync.WaitGroup  // deliveries in flight, on any goroutine
 	ctx        context.Context // for its deliveries: cancelled when the channel dies or handlers time out
 	cancel     context.CancelFunc
+	handle     middleware.Handler // mw(gate(CatchPanics(h)))
 	gate       chan struct{}
 	spans      spanBuffers // for startProcess, used by the current reader only
 
 	consuming atomic.Bool
 	stopping  atomic.Bool // the listener cancelled it: requeue what still arrives
 
-	unsettled                  unsettled // the deliveries in flight, oldest first
+	current        atomic.Pointer[delivery] // the one the reader is handling
+	parked         parkedList               // those waiting between attempts, oldest first
+	prefetchWarned bool                     // watchAges's: the prefetch warning was given
+
 	inFlight, running, waiting atomic.Int64
 	busyNanos                  atomic.Int64 // handler time of finished calls
 	busySince                  atomic.Int64 // monotime when the running call started, or 0
@@ -80,6 +84,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 		ctx:  sv.chainContext(ctx),
 		gate: make(chan struct{}, 1),
 	}
+	c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
 	c.consuming.Store(true)
 	c.lastActive.Store(monotime())
 	l.mu.Lock()
@@ -137,29 +142,28 @@ type delivery struct {
 	c      *consumer
 	reader atomic.Bool // its goroutine is still the consumer's reader
 
-	received   int64     // monotime when it was read
-	prev, next *delivery // in its consumer's unsettled list
-	agedWarned bool      // the log said it nears the consumer timeout; under unsettled.mu
+	// For the consumer-timeout watch (age.go): copies that the chain cannot
+	// change under it, and its place among the parked deliveries.
+	received   int64 // monotime when it was read
+	id         string
+	tag        uint64
+	place      atomic.Int32 // unlisted, listed, settled
+	prev, next *delivery    // in the parked list, under its lock
+	agedWarned atomic.Bool
 }
 
 func (dd *delivery) Value(key any) any {
-	switch key {
-	case chainctx.WaitHookKey:
+	if key == chainctx.WaitHookKey {
 		return dd
-	case consumerKey{}:
-		return dd.c
 	}
 	return dd.Context.Value(key)
 }
-
-// consumerKey finds the consumer of a delivery from inside the chain, for
-// the gate.
-type consumerKey struct{}
 
 // WillWait parks the delivery: it hands the reading of deliveries to a new
 // goroutine, once.
 func (dd *delivery) WillWait() {
 	if dd.reader.CompareAndSwap(true, false) {
+		dd.c.parked.park(dd)
 		dd.c.spawnReader()
 	}
 }
@@ -183,10 +187,11 @@ func (c *consumer) read() {
 		}
 		c.inFlight.Add(1)
 		c.pending.Add(1)
-		dd := &delivery{Delivery: d, c: c, received: monotime()}
+		dd := &delivery{Delivery: d, c: c, received: monotime(), id: d.MessageId, tag: d.DeliveryTag}
 		dd.reader.Store(true)
-		c.unsettled.add(dd)
+		c.current.Store(dd)
 		c.process(dd)
+		c.current.CompareAndSwap(dd, nil) // unless another reader has a newer one
 		if !dd.reader.CompareAndSwap(true, false) {
 			return // it parked: another goroutine reads now
 		}
@@ -226,18 +231,11 @@ func (c *consumer) finish() {
 	l.tel.ActiveConsumers.Add(context.Background(), -1, l.attrs.queue.Add...)
 }
 
-// gated is the consumers' worker gate around the handler: one handler at a
-// time per consumer, the consumer found in the delivery's context. h is
+// gated is the consumer's worker gate around the handler. h is
 // CatchPanics(handler): it never panics, so the gate is released without a
 // defer.
-func gated(h middleware.Handler) middleware.Handler {
+func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 	return func(ctx context.Context, d *amqp.Delivery) error {
-		c, _ := ctx.Value(consumerKey{}).(*consumer)
-		if c == nil {
-			// A middleware called next with a context not derived from the
-			// delivery's: there is no consumer to count the handler against.
-			return h(ctx, d)
-		}
 		select {
 		case c.gate <- struct{}{}: // free: the usual case, no select machinery
 		default:
@@ -286,7 +284,7 @@ func (c *consumer) waitForGate(ctx context.Context) error {
 func (c *consumer) process(dd *delivery) {
 	defer c.pending.Done()
 	defer c.inFlight.Add(-1)
-	defer c.unsettled.remove(dd)
+	defer c.parked.settle(dd)
 	l := c.sv.l
 	d := &dd.Delivery
 	began := dd.received
@@ -359,7 +357,7 @@ func (c *consumer) call(ctx context.Context, d *amqp.Delivery) (err error) {
 			err = &middleware.PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return c.sv.l.handle(ctx, d)
+	return c.handle(ctx, d)
 }
 
 // waitBeforeRequeue delays the requeue of a message that has failed before

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +22,8 @@ import (
 // with Run.
 type Listener struct {
 	queue    string
-	handle   middleware.Handler // mw(gated(CatchPanics(h))), shared by the consumers
+	mw       middleware.Middleware
+	handler  middleware.Handler
 	cfg      config
 	redacted string
 	tel      *telemetry.Telemetry
@@ -96,12 +96,10 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	if mw == nil {
 		mw = middleware.Chain()
 	}
-	// The chain is built once, here, and shared by every consumer: each
-	// delivery finds its consumer's gate in its context. Building it tells
-	// how long its Retries may wait, without running any of it.
-	var handle middleware.Handler
+	// Building the chain tells how long its Retries may wait, without
+	// running any of it. (Each consumer builds its own around its gate.)
 	if h != nil {
-		if wait := chainctx.SurveyWait(func() { handle = mw(gated(middleware.CatchPanics()(h))) }); wait >= cfg.consumerTimeout {
+		if wait := chainctx.SurveyWait(func() { mw(h) }); wait >= cfg.consumerTimeout {
 			cfg.fail("the middleware's retries may hold a delivery for %v, longer than the consumer timeout %v: "+
 				"the broker would close the channel and redeliver it. Use fewer or shorter local retries and hand longer "+
 				"delays to broker-side retry tiers (package dlx), or raise consumer_timeout and WithConsumerTimeout together",
@@ -115,7 +113,7 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 		cfg.logger = slog.Default()
 	}
 	l := &Listener{
-		queue: queue, handle: handle, cfg: cfg,
+		queue: queue, mw: mw, handler: h, cfg: cfg,
 		redacted:  cfg.conn.Redacted(),
 		consumers: map[*consumer]struct{}{},
 		tel:       telemetry.New(cfg.telemetry),
@@ -137,8 +135,7 @@ func (l *Listener) Stats() Stats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for c := range l.consumers {
-		age, _ := c.unsettled.oldest(now, math.MaxInt64)
-		s.OldestInFlight = max(s.OldestInFlight, age)
+		s.OldestInFlight = max(s.OldestInFlight, c.oldest(now))
 		if c.consuming.Load() {
 			s.Consumers++
 		}

@@ -44,11 +44,12 @@ func BenchmarkDeliveryOverhead(b *testing.B) {
 			defer sv.cancelHandlers()
 			c := &consumer{sv: sv, gate: make(chan struct{}, 1)}
 			c.ctx = sv.chainContext(sv.handlerCtx)
+			c.handle = l.mw(c.gated(middleware.CatchPanics()(handler)))
 			b.ReportAllocs()
 			for b.Loop() {
 				dd := &delivery{Delivery: amqp.Delivery{Acknowledger: nopAck{}, DeliveryTag: 1, RoutingKey: "q", MessageId: "m"}, c: c, received: monotime()}
 				dd.reader.Store(true)
-				c.unsettled.add(dd)
+				c.current.Store(dd)
 				c.inFlight.Add(1)
 				c.pending.Add(1)
 				c.process(dd)

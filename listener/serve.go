@@ -71,7 +71,7 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 				return err
 			}
 			s.scale()
-			s.watchAges()
+			l.watchAges()
 		}
 	}
 }

@@ -78,3 +78,40 @@ func TestSurveyWaitNestsInBuildOrder(t *testing.T) {
 		t.Errorf("huge waits: SurveyWait = %v, want the largest duration", got)
 	}
 }
+
+// Retries built on other goroutines while a survey runs are not counted,
+// and a survey may run inside another (a middleware constructor that calls
+// listener.New).
+func TestSurveyCountsOnlyItsOwnGoroutine(t *testing.T) {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				chainctx.RetryBuilt(time.Hour, 10)
+			}
+		}
+	}()
+	for range 200 {
+		if got := chainctx.SurveyWait(func() { chainctx.RetryBuilt(time.Second, 2) }); got != time.Second {
+			close(stop)
+			<-done
+			t.Fatalf("SurveyWait = %v with another goroutine building Retries, want 1s", got)
+		}
+	}
+	close(stop)
+	<-done
+	var inner time.Duration
+	outer := chainctx.SurveyWait(func() {
+		chainctx.RetryBuilt(time.Second, 3)
+		inner = chainctx.SurveyWait(func() { chainctx.RetryBuilt(time.Minute, 2) })
+		chainctx.RetryBuilt(2*time.Second, 2)
+	})
+	if inner != time.Minute || outer != 2*time.Second+2*time.Second {
+		t.Errorf("nested surveys: inner %v, outer %v; want 1m and 4s", inner, outer)
+	}
+}

@@ -1,7 +1,10 @@
 package chainctx
 
 import (
+	"bytes"
 	"math"
+	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +19,8 @@ import (
 // handler it wraps, and a Retry being built reports its policy (RetryBuilt).
 // So a middleware that copies the delivery, reads its headers or has side
 // effects is never called on a message that does not exist, and Retries below
-// a middleware that calls next conditionally are counted all the same.
+// a middleware that calls next conditionally are counted all the same. A
+// Retry that a middleware builds only when a message arrives is not seen.
 //
 // Builders run inside out: Chain(a, b)(h) builds b before a. A Retry being
 // built therefore wraps whatever the survey has seen and not yet attributed
@@ -24,43 +28,68 @@ import (
 // attempt, theirs. Retries a middleware builds side by side (one branch or
 // the other) count as if nested: the estimate is never short.
 //
-// One survey runs at a time. A Retry that another goroutine happens to build
-// during it is counted too, which can only make the estimate longer.
+// A survey counts only the Retries built on the goroutine that runs it, so
+// chains built elsewhere at the same time (other listeners starting
+// consumers, a test in parallel) do not leak into it; surveys may nest.
 func SurveyWait(build func()) time.Duration {
-	surveying.Lock()
-	defer surveying.Unlock()
+	id := goroutineID()
 	s := &survey{}
-	current.Store(s)
-	defer current.Store(nil)
+	outer, nested := surveys.Load(id)
+	surveys.Store(id, s)
+	running.Add(1)
+	defer func() {
+		running.Add(-1)
+		if nested {
+			surveys.Store(id, outer)
+		} else {
+			surveys.Delete(id)
+		}
+	}()
 	build()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	return s.unclaimed
 }
 
 // RetryBuilt is called by a Retry as it wraps its next handler: worst is the
 // longest it may wait between its own attempts and attempts the most it makes.
-// Outside a survey it costs one atomic load.
+// When no survey runs anywhere it costs one atomic load.
 func RetryBuilt(worst time.Duration, attempts int) {
-	s := current.Load()
-	if s == nil {
+	if running.Load() == 0 {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	v, ok := surveys.Load(goroutineID())
+	if !ok {
+		return
+	}
+	s := v.(*survey)
 	s.unclaimed = addSaturating(worst, mulSaturating(s.unclaimed, attempts))
 }
 
 var (
-	surveying sync.Mutex
-	current   atomic.Pointer[survey]
+	running atomic.Int32 // surveys in progress, on any goroutine
+	surveys sync.Map     // goroutine id → its *survey
 )
 
+// survey is used by one goroutine only, the one that runs it.
 type survey struct {
-	mu sync.Mutex
 	// unclaimed is the worst case of what has been built and is not yet
 	// wrapped by a Retry.
 	unclaimed time.Duration
+}
+
+// goroutineID is the number the runtime prints for the current goroutine in
+// a stack trace. Go keeps it out of its API on purpose; it serves here only
+// to tell the surveying goroutine's builds from every other's, while a
+// survey runs, which is when listener.New checks a chain.
+func goroutineID() uint64 {
+	var buf [64]byte
+	line := buf[:runtime.Stack(buf[:], false)] // "goroutine 18 [running]:\n..."
+	line = bytes.TrimPrefix(line, []byte("goroutine "))
+	if i := bytes.IndexByte(line, ' '); i > 0 {
+		if id, err := strconv.ParseUint(string(line[:i]), 10, 64); err == nil {
+			return id
+		}
+	}
+	return 0
 }
 
 func addSaturating(a, b time.Duration) time.Duration {
