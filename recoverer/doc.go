@@ -7,9 +7,10 @@
 //
 //	middleware.Chain(middleware.Retry(5), middleware.Recover(recoverer.Republish(pub, "orders.dlx", "orders")))
 //
-// A routing key of "" keeps the one the message was first published with,
-// also after retry hops that ended in the work queue through the default
-// exchange: right for a fanout DLX, or one bound with the keys producers use;
+// A routing key of "" keeps the delivery's own, or, after retry hops that
+// ended in the work queue through the default exchange, the one the message
+// was first published with: right for a fanout DLX, or one bound with the
+// keys producers use;
 // a dlx.Topology's DLX is bound with the queue's name (DLQRoutingKey).
 //
 // A recoverer that returns nil promises the message is safe elsewhere; one

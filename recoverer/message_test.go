@@ -100,6 +100,9 @@ func TestRepublishDestination(t *testing.T) {
 			"x-original-exchange": "shop", "x-original-routingKey": "orders.paid",
 			"x-death": []any{death("orders", "rejected", "shop", "orders.new")},
 		}}, "orders.paid", "shop", "orders.paid"},
+		{"came by a named exchange, from a delay queue", "", amqp.Delivery{Exchange: "shop", RoutingKey: "orders.new", Headers: amqp.Table{
+			"x-death": []any{death("orders.delay", "expired", "", "orders.delay")},
+		}}, "orders.new", "", "orders.delay"},
 		{"junk headers read as absent", "", amqp.Delivery{Exchange: "", RoutingKey: "orders", Headers: amqp.Table{
 			"x-original-exchange": "shop", "x-original-routingKey": int64(7), "x-death": "junk",
 		}}, "orders", "", "orders"},

@@ -71,12 +71,14 @@ type Publisher interface {
 var _ Publisher = (*publisher.Publisher)(nil)
 
 // Republish returns a Recoverer that publishes failed messages to exchange
-// with routingKey. With routingKey "" it uses the key the message was first
-// published with, as x-original-routingKey (written when an earlier recovery
-// sent it to a retry tier) or else the first death of its x-death header
-// records it, and the delivery's own key for a message on its first trip:
-// after a retry hop the delivery's key is the work queue's name, which a DLX
-// bound by the producers' keys would return as unroutable. Use exchange ""
+// with routingKey. With routingKey "" it uses the delivery's own key, except
+// for a delivery that came through the default exchange, whose key is a
+// queue's name: back from a retry tier or a reject-to-retry round trip, it is
+// the work queue's, which a DLX bound by the producers' keys would return as
+// unroutable. For those it uses the key the message was first published
+// with, as x-original-routingKey (written when an earlier recovery sent it to
+// a retry tier) or else the first death of its x-death header records it.
+// Use exchange ""
 // and the DLQ's name as routingKey to publish straight to a queue.
 //
 // It panics if pub is nil or an option is invalid, naming every invalid one;
@@ -116,10 +118,15 @@ func (r *Republisher) Recover(ctx context.Context, d *amqp.Delivery, cause error
 	}
 	key := r.routingKey
 	if key == "" {
-		// Back from a retry tier or a reject-to-retry round trip, a delivery
-		// carries the work queue's name as its key (the hop ends in the
-		// default exchange); a DLX bound by producer keys needs theirs.
-		_, key = amqphdr.OriginalDestination(d)
+		key = d.RoutingKey
+		if d.Exchange == "" {
+			// Through the default exchange the key is a queue's name: back
+			// from a retry tier or a reject-to-retry round trip, the work
+			// queue's. A DLX bound by producer keys needs theirs. A message
+			// that came by a named exchange (a delay queue dead-lettering
+			// into it, say) keeps the key it came with.
+			_, key = amqphdr.OriginalDestination(d)
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
 	defer cancel()
