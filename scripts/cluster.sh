@@ -298,9 +298,10 @@ wait_answers() {
 # join puts a fresh node into n1's cluster, unless it already is in one with
 # n1 (a restarted node rejoins by itself).
 join() {
-  local n=$1 seed
+  local n=$1 seed status
   seed=$(nodename_of "${nodes[0]}")
-  if ctl "$n" -q cluster_status --formatter json | grep -q "\"$seed\""; then return 0; fi
+  status=$(ctl "$n" -q cluster_status --formatter json 2>/dev/null || true)
+  grep -q "\"$seed\"" <<<"$status" && return 0
   say "joining $(nodename_of "$n") to $seed"
   quietly ctl "$n" -q stop_app
   quietly ctl "$n" -q reset
@@ -316,6 +317,21 @@ quietly() {
   local rc=$?
   printf '%s\n' "$out" >&2
   return $rc
+}
+
+# revive starts the app of a node that runs with it stopped, which is where
+# an up interrupted inside join leaves it: waiting for it to answer would wait
+# forever. start_app alone is enough: a node that was not yet joined comes up
+# on its own, and join then finds it outside n1's cluster. A booting node is
+# left to boot.
+revive() {
+  local n=$1 state
+  beam_pid "$n" >/dev/null || return 0
+  answers "$n" && return 0
+  state=$(ctl "$n" -q -t 10 eval 'rabbit:is_booting() orelse rabbit:is_running().' 2>/dev/null || true)
+  [[ $state == false ]] || return 0
+  say "$n runs with its app stopped (an interrupted join?); starting it"
+  quietly ctl "$n" -q start_app
 }
 
 # healthy: every node answers AMQP and n1 counts three running members.
@@ -360,6 +376,7 @@ up() {
   net_up
   configure
   for n in "${nodes[@]}"; do start_node "$n"; done
+  for n in "${nodes[@]}"; do revive "$n"; done
   wait_answers "${nodes[@]}"
   for n in "${nodes[@]:1}"; do join "$n"; done
   wait_answers "${nodes[@]}"
