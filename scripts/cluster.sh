@@ -38,7 +38,7 @@
 # pulled cable: TCP stalls, nothing is reset). cluster_partition_handling is
 # pause_minority, so the cut-off node pauses and rejoins by itself after heal,
 # as production three-node clusters are advised to run. net_ticktime is
-# lowered to $CLUSTER_NET_TICKTIME (default 10 s, production 60) so that the
+# lowered to $CLUSTER_NET_TICKTIME (default 5 s, production 60) so that the
 # others see a cut node vanish within seconds, not a minute.
 #
 # Needs root (namespaces, links, setpriv). Everything lives in $CLUSTER_DIR
@@ -52,7 +52,7 @@ D="${CLUSTER_DIR:-/var/lib/amqpretry/cluster}"
 R="${RABBIT4_ROOT:-/var/lib/amqpretry/rabbitmq4-trixie}"
 version="${CLUSTER_RABBITMQ:-3}"
 wait_for="${CLUSTER_WAIT:-180}"
-ticktime="${CLUSTER_NET_TICKTIME:-10}"
+ticktime="${CLUSTER_NET_TICKTIME:-5}"
 check="$root/.bin/brokercheck"
 
 # 10.213.77.0/24: private, and on no route of this machine (eth0 is
