@@ -83,8 +83,9 @@ rabbit4:
 	@scripts/rabbit4.sh up
 
 # The three-node cluster of issue 13 (scripts/cluster.sh): RabbitMQ 3.10, or
-# 4.0 with CLUSTER_RABBITMQ=4. Not part of test yet.
-CLUSTER_RABBITMQ ?= 3
+# 4.0 with CLUSTER_RABBITMQ=4 (unset: the one that runs, else 3). Not part of
+# test yet.
+CLUSTER_RABBITMQ ?=
 
 cluster-up:
 	@CLUSTER_RABBITMQ=$(CLUSTER_RABBITMQ) scripts/cluster.sh up

@@ -25,10 +25,10 @@
 #   scripts/cluster.sh ctl NODE ARGS   rabbitmqctl on that node, from inside its namespace
 #   scripts/cluster.sh queues NODE ARGS  rabbitmq-queues likewise
 #
-# CLUSTER_RABBITMQ=3 (default) runs the system's RabbitMQ (Debian's 3.10);
+# CLUSTER_RABBITMQ=3 (the default) runs the system's RabbitMQ (Debian's 3.10);
 # CLUSTER_RABBITMQ=4 runs RabbitMQ 4.0 from the root scripts/rabbit4.sh installs,
 # each node chrooted into it inside its namespace. One cluster at a time: to
-# switch, run down first.
+# switch, run down first. Every command but up works on whichever runs.
 #
 # Users: guest/guest may log in from the host (loopback_users = none): the
 # nodes are reachable only on the private bridge, and the tests already use guest.
@@ -50,7 +50,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 D="${CLUSTER_DIR:-/var/lib/amqpretry/cluster}"
 R="${RABBIT4_ROOT:-/var/lib/amqpretry/rabbitmq4-trixie}"
-version="${CLUSTER_RABBITMQ:-3}"
+# The version asked for; the commands after up take the running cluster's.
+asked="${CLUSTER_RABBITMQ:-}"
+version="${asked:-$(cat "$D/version" 2>/dev/null || echo 3)}"
 wait_for="${CLUSTER_WAIT:-180}"
 ticktime="${CLUSTER_NET_TICKTIME:-5}"
 check="$root/.bin/brokercheck"
@@ -353,6 +355,10 @@ wait_members() {
 }
 
 check_version() {
+  case "$version" in
+  3 | 4) ;;
+  *) say "CLUSTER_RABBITMQ=$version: it is 3 (the system's RabbitMQ) or 4 (the root of scripts/rabbit4.sh)"; exit 2 ;;
+  esac
   if [[ -s $D/version && $(cat "$D/version") != "$version" ]]; then
     say "the cluster in $D runs RabbitMQ $(cat "$D/version"), not $version: run scripts/cluster.sh down first"
     exit 1
@@ -381,7 +387,7 @@ up() {
   for n in "${nodes[@]:1}"; do join "$n"; done
   wait_answers "${nodes[@]}"
   wait_members
-  say "the cluster is up ($((SECONDS - started))s): $(urls)"
+  say "the RabbitMQ $version cluster is up ($((SECONDS - started))s): $(urls)"
 }
 
 down() {
@@ -422,7 +428,8 @@ down() {
   for m in $(awk -v d="$D" -v r="$R$D" '$2 == r || index($2, d "/") == 1 || index($2, r "/") == 1 { print $2 }' /proc/mounts | sort -r); do
     umount -l "$m" || true
   done
-  if [[ -d $R$D ]]; then rmdir "$R$D" 2>/dev/null || true; fi
+  # The 4.0 nodes' mount point in the root, and its parent if up made it.
+  if [[ -d $R$D ]]; then rmdir "$R$D" "$(dirname "$R$D")" 2>/dev/null || true; fi
   rm -rf --one-file-system "$D"
   rm -f "$D.lock"
 }
