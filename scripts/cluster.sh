@@ -132,14 +132,14 @@ queues() {
 }
 
 # marked_pids lists the processes of one node (or of all with no argument)
-# by the mark as_node puts in their environment.
+# by the mark as_node puts in their environment: one grep over every
+# process's environment, as the processes come and go while it reads.
 marked_pids() {
-  local want="AMQPRETRY_CLUSTER_NODE=${1:-}" f pid
-  for f in /proc/[0-9]*/environ; do
+  local f pid
+  for f in $(grep -lz "^AMQPRETRY_CLUSTER_NODE=${1:-}" /proc/[0-9]*/environ 2>/dev/null || true); do
     pid=${f#/proc/}
     pid=${pid%/environ}
-    [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
-    if grep -qz "^$want" "$f" 2>/dev/null; then echo "$pid"; fi
+    [[ $pid == "$$" || $pid == "$BASHPID" ]] || echo "$pid"
   done
 }
 
@@ -489,7 +489,7 @@ status() {
   for n in "${nodes[@]}"; do
     name=$(name_of "$n")
     pid=$(beam_pid "$n" || echo -)
-    link=$(ip -br link show "$name" 2>/dev/null | awk '{ print tolower($2) }')
+    link=$(ip -br link show "$name" 2>/dev/null | awk '{ print tolower($2) }' || true)
     amqp=no
     answers "$n" 1s && amqp=yes
     seen=-
