@@ -87,9 +87,8 @@ func TestQuorumQueueSurvivesLeaderKill(t *testing.T) {
 	}
 
 	clustertest.Run(t, "start", leader)
-	if out := clustertest.Run(t, "status"); t.Failed() {
-		t.Log(out)
-	}
+	// status fails unless every node answers and sees three running members.
+	clustertest.Run(t, "status")
 }
 
 func randomHex(n int) string {
