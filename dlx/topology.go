@@ -13,6 +13,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/amqphdr"
 )
 
 // QueueType is the RabbitMQ queue type every queue of a Topology gets.
@@ -207,12 +209,12 @@ func (t Topology) Validate() error {
 	if !t.SkipWorkQueue {
 		owned := t.workQueueArguments()
 		for _, k := range slices.Sorted(maps.Keys(t.QueueArguments)) {
-			if why, ok := owned[k]; ok {
-				bad("dlx: Topology.QueueArguments[%q] = %s: %s", k, quoted(t.QueueArguments[k]), why)
+			if o, ok := owned[k]; ok && !sameArgument(t.QueueArguments[k], o.value) {
+				bad("dlx: Topology.QueueArguments[%q] = %s: %s", k, quoted(t.QueueArguments[k]), o.why)
 			}
 		}
 	}
-	if v, ok := t.DLQArguments["x-queue-type"]; ok {
+	if v, ok := t.DLQArguments["x-queue-type"]; ok && !sameArgument(v, string(cmp.Or(t.Type, Classic))) {
 		bad("dlx: Topology.DLQArguments[\"x-queue-type\"] = %s: the other queues of the topology would not get it; set Topology.Type", quoted(v))
 	}
 	seen := map[string]bool{}
@@ -232,29 +234,47 @@ func (t Topology) Validate() error {
 	return errors.Join(errs...)
 }
 
+// ownedArgument is a work queue argument that Declare sets itself: a value
+// in QueueArguments equal to it is harmless, another would be overwritten.
+type ownedArgument struct {
+	value any
+	why   string
+}
+
 // workQueueArguments are the work queue's arguments that Declare sets
-// itself, each with why a value in QueueArguments cannot have its way.
-func (t Topology) workQueueArguments() map[string]string {
-	owned := map[string]string{
-		"x-queue-type": "the retry queues and the DLQ would not get it; set Topology.Type",
+// itself, each with why another value in QueueArguments cannot have its way.
+func (t Topology) workQueueArguments() map[string]ownedArgument {
+	owned := map[string]ownedArgument{
+		"x-queue-type": {string(cmp.Or(t.Type, Classic)), "the retry queues and the DLQ would not get it; set Topology.Type"},
 	}
 	dl := t.workDeadLettering()
 	ex, key := dl["x-dead-letter-exchange"], dl["x-dead-letter-routing-key"]
 	if t.SingleRetryDelay > 0 {
-		owned["x-dead-letter-exchange"] = fmt.Sprintf("Declare sets it to %q, with Topology.SingleRetryDelay the work queue dead-letters into its retry queue", ex)
-		owned["x-dead-letter-routing-key"] = fmt.Sprintf("Declare sets it to %q, with Topology.SingleRetryDelay the work queue dead-letters into its retry queue", key)
+		owned["x-dead-letter-exchange"] = ownedArgument{ex, fmt.Sprintf("Declare sets it to %q, with Topology.SingleRetryDelay the work queue dead-letters into its retry queue", ex)}
+		owned["x-dead-letter-routing-key"] = ownedArgument{key, fmt.Sprintf("Declare sets it to %q, with Topology.SingleRetryDelay the work queue dead-letters into its retry queue", key)}
 	} else {
-		owned["x-dead-letter-exchange"] = fmt.Sprintf("Declare sets it to the topology's DLX, %q; name that with Topology.DeadLetterExchange", ex)
-		owned["x-dead-letter-routing-key"] = fmt.Sprintf("Declare sets it to the topology's DLQ routing key, %q; name that with Topology.DeadLetterRoutingKey", key)
+		owned["x-dead-letter-exchange"] = ownedArgument{ex, fmt.Sprintf("Declare sets it to the topology's DLX, %q; name that with Topology.DeadLetterExchange", ex)}
+		owned["x-dead-letter-routing-key"] = ownedArgument{key, fmt.Sprintf("Declare sets it to the topology's DLQ routing key, %q; name that with Topology.DeadLetterRoutingKey", key)}
 	}
 	if t.Type == Quorum && t.DeliveryLimit > 0 {
-		owned["x-delivery-limit"] = fmt.Sprintf("Declare sets it to Topology.DeliveryLimit, %d", t.DeliveryLimit)
+		owned["x-delivery-limit"] = ownedArgument{int64(t.DeliveryLimit), fmt.Sprintf("Declare sets it to Topology.DeliveryLimit, %d", t.DeliveryLimit)}
 	}
 	if t.Type == Quorum && t.AtLeastOnce {
-		owned["x-dead-letter-strategy"] = `Declare sets it to "at-least-once" for Topology.AtLeastOnce`
-		owned["x-overflow"] = `Declare sets it to "reject-publish", which Topology.AtLeastOnce needs`
+		owned["x-dead-letter-strategy"] = ownedArgument{"at-least-once", `Declare sets it to "at-least-once" for Topology.AtLeastOnce`}
+		owned["x-overflow"] = ownedArgument{"reject-publish", `Declare sets it to "reject-publish", which Topology.AtLeastOnce needs`}
 	}
 	return owned
+}
+
+// sameArgument reports whether a user's argument value is the one Declare
+// sets, whatever Go integer type it was given as.
+func sameArgument(given, set any) bool {
+	if n, ok := amqphdr.Count(given); ok {
+		if m, ok := amqphdr.Count(set); ok {
+			return n == m
+		}
+	}
+	return fmt.Sprint(given) == fmt.Sprint(set)
 }
 
 // workDeadLettering is where the work queue dead-letters: the DLX, or with

@@ -483,7 +483,7 @@ func TestValidateRefusesWhatDeclareWouldNotDo(t *testing.T) {
 			`Topology.QueueArguments["x-delivery-limit"] = 9: Declare sets it to Topology.DeliveryLimit, 5`},
 		{"x-queue-type in QueueArguments", dlx.Topology{Queue: "q", QueueArguments: amqp.Table{"x-queue-type": "quorum"}},
 			`Topology.QueueArguments["x-queue-type"] = "quorum": the retry queues and the DLQ would not get it; set Topology.Type`},
-		{"x-queue-type in DLQArguments", dlx.Topology{Queue: "q", DLQArguments: amqp.Table{"x-queue-type": "classic"}},
+		{"x-queue-type in DLQArguments", dlx.Topology{Queue: "q", Type: dlx.Quorum, DLQArguments: amqp.Table{"x-queue-type": "classic"}},
 			`Topology.DLQArguments["x-queue-type"] = "classic": the other queues of the topology would not get it; set Topology.Type`},
 	}
 	for _, tt := range tests {
@@ -508,6 +508,13 @@ func TestValidateAcceptsWhatDeclarePassesOn(t *testing.T) {
 		"single delay, arguments":  {Queue: "q", SingleRetryDelay: time.Second, QueueArguments: amqp.Table{"x-max-length": int64(10)}},
 		"quorum DLQ as it was":     {Queue: "q", Type: dlx.Quorum, DLQWithBrokerDefaultLimit: true},
 		"quorum DLQ limit of mine": {Queue: "q", Type: dlx.Quorum, DLQArguments: amqp.Table{"x-delivery-limit": int64(1000)}},
+		// What Declare sets anyway, said again: harmless, and in configurations
+		// that worked before Validate looked at arguments.
+		"x-queue-type as Type":      {Queue: "q", Type: dlx.Quorum, QueueArguments: amqp.Table{"x-queue-type": "quorum"}, DLQArguments: amqp.Table{"x-queue-type": "quorum"}},
+		"x-queue-type classic":      {Queue: "q", QueueArguments: amqp.Table{"x-queue-type": "classic"}},
+		"x-overflow as AtLeastOnce": {Queue: "q", Type: dlx.Quorum, AtLeastOnce: true, QueueArguments: amqp.Table{"x-overflow": "reject-publish"}},
+		"the topology's own DLX":    {Queue: "q", QueueArguments: amqp.Table{"x-dead-letter-exchange": "q.dlx", "x-dead-letter-routing-key": "q"}},
+		"DeliveryLimit, said again": {Queue: "q", Type: dlx.Quorum, DeliveryLimit: 5, QueueArguments: amqp.Table{"x-delivery-limit": 5}},
 	}
 	for name, topo := range tests {
 		if err := topo.Validate(); err != nil {
