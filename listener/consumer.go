@@ -324,9 +324,9 @@ func (c *consumer) process(dd *delivery) {
 		l.cfg.logger.Warn("listener: message failed", "queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag, "settlement", settlement.String(), "error", errtext.String(err))
 	}
 	if settlement == middleware.Reject && rejectLoops(d, l.queue, err) {
-		l.cfg.logger.Error("listener: a message rejected for good came back to this queue after its last rejection, "+
-			"so it will again: the queue dead-letters into a retry queue that returns here (dlx.Topology with SingleRetryDelay), "+
-			"where a Permanent error or recoverer.Reject never reaches a DLQ. End the chain with "+
+		l.cfg.logger.Error("listener: a message rejected for good came back to this queue after an earlier rejection from it, "+
+			"so it may loop: if the queue dead-letters into a retry queue that returns here (dlx.Topology with SingleRetryDelay), "+
+			"a Permanent error or recoverer.Reject never reaches a DLQ. End the chain with "+
 			"Recover(topo.RejectToRetry(n, recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())))",
 			"queue", l.queue, "message_id", d.MessageId, "error", errtext.String(err))
 	}
@@ -336,7 +336,12 @@ func (c *consumer) process(dd *delivery) {
 // to its queue again: it has been rejected from queue before and is back,
 // and the rejection is not a retry that means to go round
 // (dlx.Topology.RejectToRetry's, which says so with RetriesThroughDeadLetters).
-func rejectLoops(d *amqp.Delivery, queue string, err error) bool {
+func rejectLoops(d *amqp.Delivery, queue string, err error) (loops bool) {
+	defer func() {
+		if recover() != nil { // an As or Unwrap method of the user's error panicked
+			loops = false
+		}
+	}()
 	var retry interface{ RetriesThroughDeadLetters() bool }
 	if errors.As(err, &retry) && retry.RetriesThroughDeadLetters() {
 		return false

@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -87,7 +88,7 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	}
 	for _, url := range cfg.conn.URLs {
 		if _, err := amqpurl.Parse(url); err != nil {
-			cfg.fail("WithURL: %v", err)
+			cfg.fail("%s: %v", cmp.Or(cfg.urlOption, "WithURL"), err)
 		}
 	}
 	for _, url := range cfg.conn.PlaintextDespiteTLS() {
@@ -196,6 +197,7 @@ func (sv *supervisor) loop(ctx context.Context) error {
 	l := sv.l
 	redial := amqpconn.NewRedialer()
 	dialer := amqpconn.NewDialer(l.cfg.conn)
+	var lastAtOnce time.Time
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -215,10 +217,12 @@ func (sv *supervisor) loop(ctx context.Context) error {
 		case isFatal(err):
 			return err
 		}
-		if dialer.Several() && served >= time.Second {
+		if dialer.Several() && served >= time.Second && time.Since(lastAtOnce) >= amqpconn.AtOnceEvery {
 			// A node of a cluster went away: the others are likely up, and
 			// the dialer tries the lost one last. A connection that dies as
-			// soon as it opens is paced like a failed dial instead.
+			// soon as it opens, or losses in quick succession, are paced
+			// like failed dials instead.
+			lastAtOnce = time.Now()
 			l.cfg.logger.Warn("listener: connection lost; dialing the other nodes", "queue", l.queue, "lost", conn.RedactedURL, "error", errtext.String(err))
 			continue
 		}

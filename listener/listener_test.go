@@ -234,6 +234,8 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"TLS with amqp://", "q", nil, h, []listener.Option{listener.WithURL("amqp://u:hunter2@localhost/"), listener.WithTLS(&tls.Config{})}, "WithTLS: amqp://u:xxxxx@localhost/ is amqp://, which never uses TLS"},
 		{"retries hidden behind a copy of the delivery", "q", middleware.Chain(copyDelivery, middleware.Retry(100, middleware.WithMaxInterval(10*time.Minute))), h, nil, "may hold a delivery for 15h"},
 		{"bad scheme", "q", nil, h, []listener.Option{listener.WithURL("http://u:hunter2@localhost/")}, "WithURL: invalid AMQP URL \"http://u:xxxxx@localhost/\""},
+		{"bad node", "q", nil, h, []listener.Option{listener.WithURLs("amqp://u:hunter2@a/", "http://u:hunter2@b/")}, "WithURLs: invalid AMQP URL \"http://u:xxxxx@b/\""},
+		{"no nodes", "q", nil, h, []listener.Option{listener.WithURLs()}, "WithURLs expects at least one URL"},
 		{"retries past consumer_timeout", "q", middleware.Retry(300), h, nil, "the middleware's retries may hold a delivery for 49m25s, longer than the consumer timeout 30m0s"},
 		{"custom consumer timeout", "q", middleware.Retry(5), h, []listener.Option{listener.WithConsumerTimeout(10 * time.Second)}, "retry tiers (package dlx)"},
 		{"nil logger", "q", nil, h, []listener.Option{listener.WithLogger(nil)}, "WithLogger expects a non-nil logger"},

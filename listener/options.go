@@ -36,6 +36,7 @@ const DefaultPrefetch = 250
 
 type config struct {
 	conn            amqpconn.Config
+	urlOption       string // the option that set conn.URLs, for errors
 	logger          *slog.Logger
 	min, max        int
 	maxSet          bool
@@ -80,19 +81,29 @@ func (c *config) fail(format string, args ...any) {
 
 // WithURL sets the broker, amqp:// or amqps://. Default
 // amqp://guest:guest@127.0.0.1:5672/.
-func WithURL(url string) Option { return func(c *config) { c.conn.URLs = []string{url} } }
+func WithURL(url string) Option {
+	return func(c *config) { c.conn.URLs, c.urlOption = []string{url}, "WithURL" }
+}
 
 // WithURLs sets the nodes of a cluster, amqp:// or amqps:// each (Spring
 // AMQP's addresses). Each dial tries them in a random order, so that the
 // listeners of a fleet spread over the nodes, and logs the node it reached;
 // after losing a connection the listener dials the other nodes at once,
-// the lost one last. WithURLsInOrder keeps the order given.
+// the lost one last. WithURLsInOrder keeps the order given. A node that
+// refuses the login ends Run, as with one URL: the nodes of a cluster share
+// their users.
 func WithURLs(urls ...string) Option {
 	return func(c *config) {
 		if len(urls) == 0 {
 			c.fail("WithURLs expects at least one URL")
 		}
-		c.conn.URLs = slices.Clone(urls)
+		c.conn.URLs = nil
+		for _, u := range urls {
+			if !slices.Contains(c.conn.URLs, u) {
+				c.conn.URLs = append(c.conn.URLs, u)
+			}
+		}
+		c.urlOption = "WithURLs"
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
-const rejectLoops = "a message rejected for good came back to this queue after its last rejection"
+const rejectLoops = "a message rejected for good came back to this queue after an earlier rejection from it"
 
 // In the single-delay layout every rejection goes to the retry queue and
 // back: a Permanent error without RejectToRetry loops instead of reaching the

@@ -50,7 +50,7 @@ func CatchPanics() Middleware {
 // errors with errors.Is and errors.As, which call the error's own Unwrap and
 // Is methods, and a typed nil *MyErr whose Unwrap reads a field panics there.
 // (An Error method that panics is harmless: whatever formats errors uses
-// recoverer.ErrorString's guard.)
+// the same guard as recoverer.ErrorString.)
 func vetted(err error) (checked error) {
 	defer func() {
 		if v := recover(); v != nil {

@@ -329,6 +329,7 @@ func openConfirmChannels(conn *amqp.Connection, n int, died chan<- *confirmChann
 func (p *Publisher) run(conn *amqpconn.Conn, channels []*confirmChannel, died chan *confirmChannel) {
 	defer p.wg.Done()
 	redial := amqpconn.NewRedialer()
+	var lastAtOnce time.Time
 	for {
 		began := time.Now()
 		loss := p.serve(conn, channels, died)
@@ -339,8 +340,11 @@ func (p *Publisher) run(conn *amqpconn.Conn, channels []*confirmChannel, died ch
 		p.cfg.logger.Warn("publisher: connection lost; redialing", "url", conn.RedactedURL, "error", loss)
 		// With the nodes of a cluster, the others are likely up: dial them
 		// at once, the lost one last. A connection that died as soon as it
-		// opened is paced like a failed dial.
-		atOnce := p.dialer.Several() && time.Since(began) >= time.Second
+		// opened, or losses in quick succession, are paced like failed dials.
+		atOnce := p.dialer.Several() && time.Since(began) >= time.Second && time.Since(lastAtOnce) >= amqpconn.AtOnceEvery
+		if atOnce {
+			lastAtOnce = time.Now()
+		}
 		if conn, channels, died = p.redial(redial, atOnce); conn == nil {
 			return // closing
 		}

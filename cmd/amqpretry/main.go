@@ -109,8 +109,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		*url = amqpurl.Default
 	}
 	urls := amqpurl.SplitList(*url)
-	if len(urls) == 0 {
-		return fmt.Errorf("%w: --url: no URL in %q", errUsage, *url)
+	if len(urls) == 0 || slices.Contains(urls, "") {
+		return fmt.Errorf("%w: --url: an empty address in the list %q", errUsage, amqpurl.Redact(*url))
 	}
 	for _, u := range urls {
 		if _, err := amqpurl.Parse(u); err != nil {

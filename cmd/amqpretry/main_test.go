@@ -261,6 +261,11 @@ func TestURLListOfACluster(t *testing.T) {
 		t.Errorf("replayed %d of 2 to %s", n, topo.Queue)
 	}
 	stderr.Reset()
+	if code := run(context.Background(), []string{"dlq", "list", "q", "--url", brokertest.URL() + ","}, &bytes.Buffer{}, &stderr); code != 2 ||
+		!strings.Contains(stderr.String(), "--url: an empty address in the list") {
+		t.Errorf("a stray comma: exit %d, %q", code, stderr.String())
+	}
+	stderr.Reset()
 	if code := run(context.Background(), []string{"dlq", "list", "q", "--url", brokertest.URL() + ",amqp://u:hunter2@h:notaport/"}, &bytes.Buffer{}, &stderr); code != 2 ||
 		!strings.Contains(stderr.String(), "--url: invalid AMQP URL") || strings.Contains(stderr.String(), "hunter2") {
 		t.Errorf("a bad URL in the list: exit %d, %q", code, stderr.String())

@@ -24,6 +24,11 @@ func NewRedialer() *Redialer {
 	)}
 }
 
+// AtOnceEvery is how often an owner with several addresses may redial at
+// once, without the Redialer's pause, after losing a connection: once per
+// node failure, not in a loop against a flapping broker.
+const AtOnceEvery = 30 * time.Second
+
 // Next returns the pause before the next dial.
 func (r *Redialer) Next() time.Duration { return r.b.NextBackOff() }
 

@@ -70,9 +70,10 @@ func IsLoopback(uri amqp.URI) bool {
 }
 
 // SplitList splits a comma-separated list of AMQP URLs, the nodes of a
-// cluster: "amqp://u:p@a/,amqp://u:p@b/". It splits only at a comma followed
-// by amqp:// or amqps://, so a comma in a password needs no escaping.
-// Spaces around each URL are dropped.
+// cluster: "amqp://u:p@a/,amqp://u:p@b/". It splits at a comma followed by
+// amqp:// or amqps://, so a comma in a password needs no escaping, and at a
+// comma followed by another comma or by the end, which leaves an empty
+// element for the caller to refuse. Spaces around each URL are dropped.
 func SplitList(list string) []string {
 	var urls []string
 	start := 0
@@ -80,12 +81,13 @@ func SplitList(list string) []string {
 		if list[i] != ',' {
 			continue
 		}
-		if after := strings.TrimLeft(list[i+1:], " "); strings.HasPrefix(after, "amqp://") || strings.HasPrefix(after, "amqps://") {
+		after := strings.TrimLeft(list[i+1:], " ")
+		if after == "" || after[0] == ',' || strings.HasPrefix(after, "amqp://") || strings.HasPrefix(after, "amqps://") {
 			urls = append(urls, strings.TrimSpace(list[start:i]))
 			start = i + 1
 		}
 	}
-	if last := strings.TrimSpace(list[start:]); last != "" {
+	if last := strings.TrimSpace(list[start:]); last != "" || len(urls) > 0 {
 		urls = append(urls, last)
 	}
 	return urls

@@ -118,7 +118,9 @@ func TestSplitList(t *testing.T) {
 		{" amqp://a/ , amqp://b/ ", []string{"amqp://a/", "amqp://b/"}},
 		{"amqp://u:pa,ss,word@a/,amqp://u:pa,ss,word@b/", []string{"amqp://u:pa,ss,word@a/", "amqp://u:pa,ss,word@b/"}},
 		{"amqp://u:p,amqp@a/", []string{"amqp://u:p,amqp@a/"}},
-		{"amqp://a/,", []string{"amqp://a/,"}},
+		{"amqp://a/,", []string{"amqp://a/", ""}},
+		{"amqp://a/,,amqp://b/", []string{"amqp://a/", "", "amqp://b/"}},
+		{" , ", []string{"", ""}},
 	} {
 		if got := amqpurl.SplitList(tt.in); !slices.Equal(got, tt.want) {
 			t.Errorf("SplitList(%q) = %q, want %q", tt.in, got, tt.want)
