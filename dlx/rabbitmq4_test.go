@@ -2,7 +2,10 @@ package dlx_test
 
 import (
 	"math"
+	"regexp"
+	"strings"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -71,12 +74,28 @@ func TestQuorumDLQDeliveryLimit(t *testing.T) {
 			return 1
 		}},
 		{"MaxInt32", dlx.Topology{DLQArguments: amqp.Table{"x-delivery-limit": int64(math.MaxInt32)}}, kept},
+		// The migration the ConflictError suggests for a DLQ created without
+		// the limit: declared as it is, and a policy gives it the limit.
+		{"DLQWithBrokerDefaultLimit and the policy", dlx.Topology{DLQWithBrokerDefaultLimit: true}, kept},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.topo.Type = dlx.Quorum
 			topo := topology(t, tt.topo)
 			declare(t, topo)
+			if strings.HasSuffix(tt.name, "policy") {
+				applyTo := "quorum_queues"
+				if major < 4 {
+					applyTo = "queues" // 3.x knows no quorum_queues, and has no default limit anyway
+				}
+				policy := topo.DLQ() + "-delivery-limit"
+				brokertest.Rabbitmqctl(t, "set_policy", policy, "^"+regexp.QuoteMeta(topo.DLQ())+"$", `{"delivery-limit": 2147483647}`, "--apply-to", applyTo)
+				t.Cleanup(func() { _, _ = brokertest.Ctl("clear_policy", policy) })
+				brokertest.Eventually(t, 10*time.Second, "the policy applied to the DLQ", func() bool { // it applies asynchronously
+					out, err := brokertest.Ctl("list_queues", "-q", "name", "policy")
+					return err == nil && strings.Contains(out, policy)
+				})
+			}
 			brokertest.Publish(t, topo.DLQ(), amqp.Publishing{Body: []byte("a dead letter")})
 			got, count := returns(t, topo.DLQ(), 30, true)
 			if want := tt.delivered(major); got != want {

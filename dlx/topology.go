@@ -118,8 +118,8 @@ type Topology struct {
 	// broker refuses the declaration with a *ConflictError). It leaves the DLQ
 	// the broker's default: none on RabbitMQ 3.x, which is safe; 20 on 4.x,
 	// where every look at a dead letter counts and the broker drops it after
-	// 20. Set it only for such a DLQ, and only until you can recreate it.
-	// Needs Type Quorum.
+	// 20, unless a policy sets the DLQ's delivery-limit (the ConflictError
+	// gives the command). Set it only for such a DLQ. Needs Type Quorum.
 	DLQWithBrokerDefaultLimit bool
 	// AtLeastOnce makes quorum queues dead-letter at least once
 	// (x-dead-letter-strategy=at-least-once, which needs x-overflow=reject-publish)
@@ -395,11 +395,13 @@ func (t Topology) explainDLQLimitConflict(err error) error {
 	ce.explanation = fmt.Sprintf("dlx: the quorum DLQ %[1]q was created without x-delivery-limit (%[2]s); "+
 		"dlx.Topology now declares it with x-delivery-limit %[3]d because on RabbitMQ 4 a quorum queue without one has a limit of 20, "+
 		"every look at a dead letter (amqpretry dlq list or show, Replay skipping it) counts as a delivery, and the broker drops a dead letter after 20. "+
-		"Queue arguments cannot change after creation: either empty %[1]s and delete it so that it is declared again "+
-		"(amqpretry dlq replay %[1]s sends the dead letters back to their queues, --to QUEUE to another existing queue, both without their fault headers; "+
-		"then rabbitmqctl delete_queue %[1]s --if-empty), "+
-		"or set Topology.DLQWithBrokerDefaultLimit to declare it as it is: safe on RabbitMQ 3.x, which has no default limit, not on 4.x",
-		ce.Name, ce.Reason, dlqDeliveryLimit)
+		"Queue arguments cannot change after creation. Keep the DLQ and its dead letters: set Topology.DLQWithBrokerDefaultLimit to declare it as it is "+
+		"(safe on RabbitMQ 3.x, which has no default limit) and, for RabbitMQ 4, give it the limit by a policy, which needs no redeclaration: "+
+		"rabbitmqctl set_policy %[4]s '^%[5]s$' '{\"delivery-limit\": %[3]d}' --apply-to quorum_queues "+
+		"(a queue takes one policy: merge this into any that already matches it). "+
+		"Or empty %[1]s and delete it so that it is declared again: amqpretry dlq replay %[1]s sends the dead letters back to their queues "+
+		"(--to QUEUE to another existing queue), both without their fault headers, then rabbitmqctl delete_queue %[1]s --if-empty",
+		ce.Name, ce.Reason, dlqDeliveryLimit, ce.Name+"-delivery-limit", regexp.QuoteMeta(ce.Name))
 	return ce
 }
 

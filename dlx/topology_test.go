@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -347,6 +348,7 @@ func TestQuorumDLQCreatedWithoutDeliveryLimit(t *testing.T) {
 		"rabbitmqctl delete_queue " + topo.DLQ() + " --if-empty",
 		"set Topology.DLQWithBrokerDefaultLimit",
 		"safe on RabbitMQ 3.x",
+		"rabbitmqctl set_policy " + topo.DLQ() + "-delivery-limit '^" + regexp.QuoteMeta(topo.DLQ()) + "$' '{\"delivery-limit\": 2147483647}' --apply-to quorum_queues",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error does not say %q: %v", want, err)
