@@ -83,9 +83,11 @@ broker:
 rabbit4:
 	@scripts/rabbit4.sh up
 
-# The three-node cluster of issue 13 (scripts/cluster.sh): RabbitMQ 3.10, or
-# 4.0 with CLUSTER_RABBITMQ=4 (unset: the one that runs, else 3). Not part of
-# test yet.
+# The three-node cluster (scripts/cluster.sh): RabbitMQ 3.10, or 4.0 with
+# CLUSTER_RABBITMQ=4 (unset: the one that runs, else 3). test-cluster runs
+# the clustertest package, then the zero-loss test with a node killed, a node
+# partitioned and a listener process killed, and the cluster-vs-one-node
+# throughput, against the single broker of the same version.
 CLUSTER_RABBITMQ ?=
 
 cluster-up:
@@ -99,8 +101,11 @@ cluster-down:
 test-cluster:
 	@trap 'scripts/cluster.sh down' EXIT; trap 'exit 130' INT TERM; \
 	CLUSTER_RABBITMQ=$(CLUSTER_RABBITMQ) scripts/cluster.sh up; \
-	AMQPRETRY_CLUSTER_URLS=$$(scripts/cluster.sh urls) AMQPRETRY_REQUIRE_CLUSTER=1 \
-	  $(GO) test -race -count=1 -timeout 10m -v ./internal/clustertest
+	AMQPRETRY_CLUSTER_URLS=$$(scripts/cluster.sh urls) AMQPRETRY_REQUIRE_CLUSTER=1 AMQPRETRY_REQUIRE_BROKER=1 \
+	  $(GO) test -race -count=1 -timeout 10m -v ./internal/clustertest; \
+	AMQPRETRY_CLUSTER_URLS=$$(scripts/cluster.sh urls) AMQPRETRY_REQUIRE_CLUSTER=1 AMQPRETRY_REQUIRE_BROKER=1 \
+	AMQP_URL=$(if $(filter 4,$(CLUSTER_RABBITMQ)),$(URL_4),$(URL_3)) \
+	  $(GO) test -race -count=1 -tags cluster -timeout 15m -run 'Cluster' -v ./internal/reliability
 
 fmt:
 	@unformatted=$$(find . -name '*.go' -not -path './.bin/*' -print0 | xargs -0 gofmt -l); \
@@ -116,6 +121,7 @@ gomod:
 vet:
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
 	@$(GO) vet -tags disruptive ./internal/reliability
+	@$(GO) vet -tags cluster ./internal/reliability
 
 $(STATICCHECK):
 	@mkdir -p $(BIN)
@@ -125,6 +131,7 @@ $(STATICCHECK):
 staticcheck: $(STATICCHECK)
 	@for m in $(MODULES); do (cd $$m && $(STATICCHECK) ./...); done
 	@$(STATICCHECK) -tags disruptive ./internal/reliability
+	@$(STATICCHECK) -tags cluster ./internal/reliability
 
 # AMQPRETRY_REQUIRE_BROKER=1: a test that needs the broker fails instead of skipping.
 # unit and reliability use the broker $$AMQP_URL names: run them through suite.
