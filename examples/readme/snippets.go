@@ -111,3 +111,19 @@ func Permanent(ctx context.Context, d *amqp.Delivery) error {
 	}
 	return nil
 }
+
+// Cluster is the README's "Running on a cluster" section.
+func Cluster(ctx context.Context, handle middleware.Handler) error {
+	nodes := []string{"amqp://app:secret@rabbit-1:5672/", "amqp://app:secret@rabbit-2:5672/", "amqp://app:secret@rabbit-3:5672/"}
+	pub, err := publisher.New(nodes[0], publisher.WithURLs(nodes...))
+	if err != nil {
+		return err
+	}
+	topo := dlx.Topology{Queue: "orders", Type: dlx.Quorum, AtLeastOnce: true, RetryDelays: []time.Duration{10 * time.Second, time.Minute}}
+	l, err := listener.New("orders", middleware.Chain(middleware.Retry(3), middleware.Recover(topo.Tiers(pub, dlx.MaxRetries(5)))), handle,
+		listener.WithURLs(nodes...), listener.WithDeclare(topo.Declare))
+	if err != nil {
+		return err
+	}
+	return l.Run(ctx)
+}
