@@ -46,14 +46,14 @@ type Stats struct {
 	InFlight  int // received and not settled yet
 	Running   int // in a handler now
 	Parked    int // in flight but neither running nor queued for a consumer: waiting between retries
+	Handled   uint64
+	Failed    uint64 // chain returned an error: requeued or rejected
+	Requeued  uint64
+	Rejected  uint64
 	// OldestInFlight is how long the oldest delivery in flight has been in
 	// the listener's hands; RabbitMQ closes the channel of one unsettled past
 	// its consumer_timeout, and the listener warns at 80% of it.
 	OldestInFlight time.Duration
-	Handled        uint64
-	Failed         uint64 // chain returned an error: requeued or rejected
-	Requeued       uint64
-	Rejected       uint64
 }
 
 type counters struct {
