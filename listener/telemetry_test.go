@@ -429,6 +429,9 @@ func TestHandlerErrorWhoseMethodsPanic(t *testing.T) {
 		{"Error panics, no middleware", nil, onlyError, "its Error method panicked: Error called", false},
 		{"Error and Unwrap panic, no middleware", nil, typedNil, "whose Unwrap or Is method panicked", false},
 		{"Error and Unwrap panic, Retry and Recover", nil, typedNil, "", true},
+		// CatchPanics passes this one on (its Unwrap is fine): Retry's span and
+		// Recover's exception attributes format it themselves.
+		{"Error panics, Retry and Recover", nil, onlyError, "", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			o := observe(t)
@@ -474,5 +477,41 @@ func TestHandlerErrorWhoseMethodsPanic(t *testing.T) {
 				t.Errorf("%d process spans with status Error, want %d", failed, want)
 			}
 		})
+	}
+}
+
+// A recoverer's own error is user code too: when its Error method panics,
+// Recover notes the failed recovery on the span with the guarded text, and
+// the message is requeued and recovered later, not turned into a panic.
+func TestRecovererErrorWhoseErrorPanics(t *testing.T) {
+	var onlyError *errorPanicsOnly
+	o := observe(t)
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	brokertest.Publish(t, q, amqp.Publishing{MessageId: "m"})
+	var recoveries atomic.Int32
+	mw := middleware.Recover(middleware.RecovererFunc(func(context.Context, *amqp.Delivery, error) error {
+		if recoveries.Add(1) == 1 {
+			return onlyError
+		}
+		return nil
+	}))
+	r := start(t, q, mw, func(context.Context, *amqp.Delivery) error { return errors.New("down") },
+		append(o.options(), listener.WithRequeueDelay(10*time.Millisecond, 10*time.Millisecond))...)
+	brokertest.Eventually(t, 10*time.Second, "recovered on the second delivery", func() bool { return r.Stats().Handled == 1 })
+	r.Stop(t)
+	noted := false
+	for _, s := range o.named("process " + q) {
+		for _, e := range s.Events() {
+			for _, a := range e.Attributes {
+				if e.Name == "recovery" && string(a.Key) == telemetry.KeyExceptionMessage &&
+					strings.Contains(a.Value.AsString(), "its Error method panicked") {
+					noted = true
+				}
+			}
+		}
+	}
+	if !noted {
+		t.Error("no recovery event names the recoverer's error as one whose Error method panicked")
 	}
 }
