@@ -48,7 +48,9 @@
 // 80% of the timeout, and Stats().OldestInFlight shows that age. It counts
 // from when the listener read the delivery; a delivery prefetched behind a
 // busy handler waited in the client before that, so with slow handlers keep
-// WithPrefetch × handler time well under the timeout.
+// WithPrefetch × handler time well under the timeout: the listener warns,
+// once per consumer, when its prefetch times its mean handler time reaches
+// that 80%.
 //
 // # Scaling
 //

@@ -205,7 +205,10 @@ func WithShutdownTimeout(d time.Duration) Option {
 
 // WithConsumerTimeout tells New the broker's consumer_timeout (30 minutes by
 // default): New refuses a chain whose retries could keep a delivery unacked
-// longer, since the broker would close the channel under it. Default 30m.
+// longer, since the broker would close the channel under it. At run time
+// the listener warns at 80% of it: when the oldest delivery in flight has
+// been held that long, and when a consumer's prefetch times its mean handler
+// time says the last of a full prefetch would wait that long. Default 30m.
 func WithConsumerTimeout(d time.Duration) Option {
 	return func(c *config) {
 		if d <= 0 {
