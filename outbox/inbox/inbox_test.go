@@ -14,6 +14,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/outbox/inbox"
 	"github.com/amqpretry/amqpretry/outbox/internal/dbtest"
@@ -362,5 +363,33 @@ func TestInvalidOptions(t *testing.T) {
 	}
 	if _, err := inbox.New(nil); err == nil {
 		t.Error("New(nil) succeeded")
+	}
+}
+
+// A database that is down gives an ordinary error (the message is
+// retried, not dead-lettered) that never shows the DSN's password.
+func TestDatabaseDownIsRetryableAndRedacted(t *testing.T) {
+	const password = "inbox-secret-pw"
+	proxy, err := faultproxy.Start(dbtest.Addr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	proxy.Refuse(true)
+	db := dbtest.OpenLazy(t, dbtest.WithHost(t, proxy.Addr(), password))
+	ib, err := inbox.New(db, inbox.WithConsumerName("billing"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := []error{ib.Migrate(context.Background())}
+	_, err = ib.Purge(context.Background(), time.Hour)
+	errs = append(errs, err, ib.Handler(func(context.Context, *sql.Tx, *amqp.Delivery) error {
+		t.Error("the handler ran without a database")
+		return nil
+	})(context.Background(), &amqp.Delivery{MessageId: "m"}))
+	for _, err := range errs {
+		if err == nil || middleware.IsPermanent(err) || strings.Contains(err.Error(), password) {
+			t.Errorf("%v: want an ordinary error without the password", err)
+		}
 	}
 }
