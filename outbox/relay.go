@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,13 +63,42 @@ const (
 // Run publishes due rows until ctx ends, then returns nil. It returns an
 // error only for invalid options or when the publisher is closed under it.
 // A database that fails is logged, waited out with backoff and resumed.
+//
+// Run drives WithWorkers loops (default 2), each claiming its own batches,
+// so that one batch is published while the previous one is recorded; they
+// start a fraction of WithPollInterval apart, to spread their polls.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.cfg.err(); err != nil {
 		return err
 	}
 	log := r.cfg.logger.With("table", r.cfg.table.Name)
-	log.Info("outbox relay: started", "poll_interval", r.cfg.pollInterval, "batch_size", r.cfg.batchSize)
+	log.Info("outbox relay: started", "workers", r.cfg.workers, "poll_interval", r.cfg.pollInterval, "batch_size", r.cfg.batchSize)
 	defer log.Info("outbox relay: stopped")
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, r.cfg.workers)
+	var wg sync.WaitGroup
+	for i := range r.cfg.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.work(ctx, i, log); err != nil {
+				errs <- err
+				cancel() // the others stop too
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs // nil when none failed
+}
+
+// work is one worker's loop; worker 0 also deletes sent rows past the
+// retention.
+func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
+	if worker > 0 && !sleep(ctx, r.cfg.pollInterval*time.Duration(worker)/time.Duration(r.cfg.workers)) {
+		return nil
+	}
 	outages := 0
 	var outageStart time.Time
 	nextCleanup := time.Now()
@@ -76,7 +106,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if r.cfg.retention > 0 && !time.Now().Before(nextCleanup) {
+		if worker == 0 && r.cfg.retention > 0 && !time.Now().Before(nextCleanup) {
 			r.cleanup(ctx)
 			nextCleanup = time.Now().Add(r.cfg.cleanupEvery)
 		}
@@ -93,14 +123,14 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			outages++
 			wait := backoff(outages, outageBackoffInitial, outageBackoffMax)
-			log.Warn("outbox relay: cannot reach the outbox table; waiting", "error", pgsql.Redact(err.Error()), "retry_in", wait, "failures", outages)
+			log.Warn("outbox relay: cannot reach the outbox table; waiting", "worker", worker, "error", pgsql.Redact(err.Error()), "retry_in", wait, "failures", outages)
 			if !sleep(ctx, wait) {
 				return nil
 			}
 			continue
 		}
 		if outages > 0 {
-			log.Info("outbox relay: the database answers again; resumed", "after", since(outageStart), "failures", outages)
+			log.Info("outbox relay: the database answers again; resumed", "worker", worker, "after", since(outageStart), "failures", outages)
 			outages = 0
 		}
 		if n < r.cfg.batchSize && !sleep(ctx, r.cfg.pollInterval) {
