@@ -16,6 +16,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/outbox"
 	"github.com/amqpretry/amqpretry/outbox/internal/dbtest"
+	"github.com/amqpretry/amqpretry/publisher"
 )
 
 // confirmRecorder passes publishes to the real publisher and remembers which
@@ -236,4 +237,66 @@ type noPublisher struct{}
 
 func (noPublisher) Publish(context.Context, string, string, amqp.Publishing) error {
 	return errors.New("never called: the database is down")
+}
+
+// Shutdown in the middle of a batch: what the broker confirmed before it is
+// recorded as sent (else it would be sent again); what it did not is left
+// in flight without counting a try.
+func TestShutdownRecordsTheConfirmsItHas(t *testing.T) {
+	const rows = 400
+	ob, db, _ := setup(t, outbox.WithWorkers(1), outbox.WithBatchSize(rows), outbox.WithConcurrency(10))
+	q, _ := queue(t)
+	for i := range rows {
+		enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "m" + strconv.Itoa(i)})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rec := &confirmRecorder{pub: newPublisher(t), confirmed: map[string]int{}}
+	rec.hook = func(n int) {
+		if n == 100 {
+			cancel()
+		}
+	}
+	if err := ob.Relay(rec).Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	list, err := ob.List(context.Background(), outbox.ListOptions{Limit: rows})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := 0
+	for _, r := range list {
+		switch confirmed := rec.wasConfirmed(r.MessageID); {
+		case r.Status == outbox.StatusSent && !confirmed:
+			t.Errorf("row %d is sent without a confirm", r.ID)
+		case r.Status != outbox.StatusSent && confirmed:
+			t.Errorf("row %d was confirmed but is %s: it will be sent again", r.ID, r.Status)
+		case r.Status == outbox.StatusInFlight && r.RetriedCount != 0:
+			t.Errorf("row %d counts %d tries for a shutdown", r.ID, r.RetriedCount)
+		}
+		if r.Status == outbox.StatusSent {
+			sent++
+		}
+	}
+	if sent < 100 || sent == rows {
+		t.Fatalf("%d of %d rows sent; the shutdown came after the 100th confirm", sent, rows)
+	}
+	t.Logf("%d rows confirmed and recorded before the shutdown, %d left in flight", sent, rows-sent)
+}
+
+// A publisher closed under the relay stops it with an error that says so;
+// the row is untouched.
+func TestClosedPublisherStopsTheRelay(t *testing.T) {
+	ob, db, _ := setup(t)
+	id := enqueue(t, db, ob, "", "anywhere", amqp.Publishing{})
+	pub := newPublisher(t)
+	_ = pub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := ob.Relay(pub).Run(ctx)
+	if !errors.Is(err, publisher.ErrClosed) {
+		t.Fatalf("Run: %v, want publisher.ErrClosed", err)
+	}
+	if r := row(t, ob, id); r.Status != outbox.StatusInFlight || r.RetriedCount != 0 {
+		t.Fatalf("row is %s with %d tries, want in flight and untouched", r.Status, r.RetriedCount)
+	}
 }
