@@ -26,10 +26,19 @@ type confirmRecorder struct {
 	mu        sync.Mutex
 	confirmed map[string]int
 	hook      func(n int)
+	inFlight  int // publishes under way
+	maxFlight int // the most at once
 }
 
 func (c *confirmRecorder) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	c.mu.Lock()
+	c.inFlight++
+	c.maxFlight = max(c.maxFlight, c.inFlight)
+	c.mu.Unlock()
 	err := c.pub.Publish(ctx, exchange, key, msg)
+	c.mu.Lock()
+	c.inFlight--
+	c.mu.Unlock()
 	if err != nil {
 		return err
 	}
@@ -298,5 +307,23 @@ func TestClosedPublisherStopsTheRelay(t *testing.T) {
 	}
 	if r := row(t, ob, id); r.Status != outbox.StatusInFlight || r.RetriedCount != 0 {
 		t.Fatalf("row is %s with %d tries, want in flight and untouched", r.Status, r.RetriedCount)
+	}
+}
+
+// Large messages are claimed a few at a time, under WithMaxBatchBytes, and
+// all are sent.
+func TestLargeMessagesAreBatchedByBytes(t *testing.T) {
+	ob, db, _ := setup(t, outbox.WithWorkers(1), outbox.WithMaxBatchBytes(5<<19)) // 2.5 MiB
+	q, deliveries := queue(t)
+	for i := range 6 {
+		enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: strconv.Itoa(i), Body: make([]byte, 1<<20)})
+	}
+	rec := &confirmRecorder{pub: newPublisher(t), confirmed: map[string]int{}}
+	start(t, ob.Relay(rec))
+	for range 6 {
+		receive(t, deliveries, 30*time.Second)
+	}
+	if rec.maxFlight > 2 {
+		t.Fatalf("%d messages of 1 MiB were published at once under a 2.5 MiB budget", rec.maxFlight)
 	}
 }

@@ -21,6 +21,7 @@ type config struct {
 	initialBackoff time.Duration
 	maxBackoff     time.Duration
 	batchSize      int
+	maxBatchBytes  int64
 	concurrency    int
 	workers        int
 	pollInterval   time.Duration
@@ -39,6 +40,7 @@ func defaultConfig() config {
 		initialBackoff: time.Second,
 		maxBackoff:     5 * time.Minute,
 		batchSize:      500,
+		maxBatchBytes:  64 << 20,
 		workers:        2,
 		pollInterval:   50 * time.Millisecond,
 		publishTimeout: 30 * time.Second,
@@ -101,6 +103,19 @@ func WithBatchSize(n int) Option {
 			return
 		}
 		c.batchSize = n
+	}
+}
+
+// WithMaxBatchBytes bounds the message bytes (bodies and properties) a relay
+// worker holds at once: a batch of large messages is cut short, to one row
+// at least, and the rest wait for the next pass. Default 64 MiB.
+func WithMaxBatchBytes(n int64) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.fail("WithMaxBatchBytes(%d): want a positive number of bytes", n)
+			return
+		}
+		c.maxBatchBytes = n
 	}
 }
 

@@ -282,6 +282,7 @@ func TestInvalidOptions(t *testing.T) {
 		{outbox.WithBatchSize(0), "WithBatchSize(0)"},
 		{outbox.WithConcurrency(-1), "WithConcurrency(-1)"},
 		{outbox.WithWorkers(0), "WithWorkers(0)"},
+		{outbox.WithMaxBatchBytes(0), "WithMaxBatchBytes(0)"},
 		{outbox.WithPollInterval(0), "WithPollInterval(0s)"},
 		{outbox.WithPublishTimeout(-time.Second), "WithPublishTimeout(-1s)"},
 		{outbox.WithRetention(-time.Hour), "WithRetention(-1h0m0s)"},

@@ -190,10 +190,18 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 	return len(rows), nil
 }
 
+// errNotRead marks a claimed row whose message the second query did not
+// return; it cannot happen while the row is locked, and is failed, never
+// published empty, if it does.
+var errNotRead = errors.New("outbox: the row's message could not be read back in the pass that claimed it")
+
+// claim locks up to a batch of due rows, then reads the messages of those
+// that fit WithMaxBatchBytes.
 func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*claimed, error) {
 	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	rs, err := tx.QueryContext(qctx, `SELECT id, message_id, exchange, routing_key, properties, body, retried_count
+	rs, err := tx.QueryContext(qctx, `SELECT id, message_id, exchange, routing_key, retried_count,
+	octet_length(body) + octet_length(properties)
 	FROM `+r.cfg.table.Quoted+`
 	WHERE status = 'in_flight' AND next_retry_at <= now()
 	ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, r.cfg.batchSize)
@@ -202,16 +210,45 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*claimed, error) {
 	}
 	defer rs.Close()
 	var out []*claimed
+	byID := map[int64]*claimed{}
+	var ids []string
+	var total int64
 	for rs.Next() {
-		c := &claimed{}
-		var props, body []byte
-		if err := rs.Scan(&c.id, &c.messageID, &c.exchange, &c.key, &props, &body, &c.tries); err != nil {
+		c := &claimed{bad: errNotRead}
+		var size int64
+		if err := rs.Scan(&c.id, &c.messageID, &c.exchange, &c.key, &c.tries, &size); err != nil {
 			return nil, pgsql.RedactErr(err)
 		}
+		if total += size; len(out) > 0 && total > r.cfg.maxBatchBytes {
+			continue // locked until this pass commits, then due again
+		}
+		out = append(out, c)
+		byID[c.id] = c
+		ids = append(ids, strconv.FormatInt(c.id, 10))
+	}
+	if err := rs.Err(); err != nil {
+		return nil, pgsql.RedactErr(err)
+	}
+	rs.Close()
+	if len(out) == 0 {
+		return nil, nil
+	}
+	rs, err = tx.QueryContext(qctx, `SELECT id, properties, body FROM `+r.cfg.table.Quoted+
+		` WHERE id = ANY($1::bigint[])`, "{"+strings.Join(ids, ",")+"}")
+	if err != nil {
+		return nil, pgsql.RedactErr(err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var id int64
+		var props, body []byte
+		if err := rs.Scan(&id, &props, &body); err != nil {
+			return nil, pgsql.RedactErr(err)
+		}
+		c := byID[id]
 		c.msg, c.bad = decodeProperties(props)
 		c.msg.MessageId = c.messageID
 		c.msg.Body = body
-		out = append(out, c)
 	}
 	if err := rs.Err(); err != nil {
 		return nil, pgsql.RedactErr(err)
