@@ -376,3 +376,23 @@ func TestCorruptRowIsFailedNotDropped(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, "good row sent", func() bool { return statusOf(t, db, ob, good) == outbox.StatusSent })
 }
+
+// The longest table name allowed keeps its index names whole (PostgreSQL
+// would cut a name past 63 bytes, and two cut names could collide).
+func TestLongestTableName(t *testing.T) {
+	_, db, schema := setup(t)
+	long := strings.Repeat("o", 48)
+	ob, err := outbox.New(db, outbox.WithTable(schema+"."+long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, suffix := range []string{"_pending_idx", "_sent_idx", "_failed_idx"} {
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = $2`, schema, long+suffix).Scan(&n); err != nil || n != 1 {
+			t.Errorf("index %s%s: %d found (%v)", long, suffix, n, err)
+		}
+	}
+}
