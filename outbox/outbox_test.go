@@ -215,6 +215,9 @@ func TestRefusedRowsFailThenRetryByHand(t *testing.T) {
 			if err != nil || len(failed) != 1 || failed[0].ID != id {
 				t.Fatalf("List(Failed) = %v, %v; want the one failed row", failed, err)
 			}
+			if counts, err := ob.Counts(context.Background()); err != nil || counts[outbox.StatusFailed] != 1 || counts[outbox.StatusInFlight] != 0 {
+				t.Fatalf("Counts = %v, %v; want one failed row", counts, err)
+			}
 			if err := ob.Retry(context.Background(), id+1000); !errors.Is(err, outbox.ErrNotFound) {
 				t.Fatalf("Retry of a missing row: %v, want ErrNotFound", err)
 			}
