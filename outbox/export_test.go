@@ -1,0 +1,4 @@
+package outbox
+
+// ComparePublishing is comparePublishing, for the external tests.
+var ComparePublishing = comparePublishing

@@ -1,0 +1,173 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/amqptable"
+	"github.com/amqpretry/amqpretry/outbox/internal/pgsql"
+)
+
+// Outbox writes messages into its table inside the caller's transactions,
+// and relays publish them. It is safe for concurrent use.
+type Outbox struct {
+	db  *sql.DB
+	cfg config
+}
+
+// Status is a row's state: StatusInFlight, StatusSent or StatusFailed.
+type Status string
+
+const (
+	// StatusInFlight: waiting to be published, or to be published again
+	// after a failed try (the seed's 1, "投递中").
+	StatusInFlight Status = "in_flight"
+	// StatusSent: the broker confirmed the message (the seed's 2, "投递成功").
+	StatusSent Status = "sent"
+	// StatusFailed: every try failed; the row waits for a person to fix
+	// the cause and call Retry (the seed's 3, "投递失败等待人工补偿").
+	StatusFailed Status = "failed"
+)
+
+// New returns an Outbox on db. It checks every option and reports each
+// problem with the option's name and value; it does not touch the database
+// (call Migrate to create the table).
+func New(db *sql.DB, opts ...Option) (*Outbox, error) {
+	cfg := defaultConfig()
+	if db == nil {
+		cfg.fail("New: db is nil: pass the *sql.DB of a PostgreSQL database")
+	}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if err := cfg.err(); err != nil {
+		return nil, err
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	return &Outbox{db: db, cfg: cfg}, nil
+}
+
+// Table returns the outbox table's name as configured.
+func (o *Outbox) Table() string { return o.cfg.table.Name }
+
+func (o *Outbox) ddl() []string {
+	t := o.cfg.table
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + t.Quoted + ` (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    message_id    text        NOT NULL,
+    exchange      text        NOT NULL,
+    routing_key   text        NOT NULL,
+    properties    bytea       NOT NULL,
+    body          bytea       NOT NULL,
+    status        text        NOT NULL DEFAULT 'in_flight'
+                              CHECK (status IN ('in_flight', 'sent', 'failed')),
+    retried_count integer     NOT NULL DEFAULT 0,
+    next_retry_at timestamptz NOT NULL DEFAULT now(),
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    sent_at       timestamptz,
+    last_error    text
+)`,
+		// What a relay polls: in-flight rows in id order. Small, since rows
+		// leave it when sent or failed.
+		`CREATE INDEX IF NOT EXISTS ` + t.Index("pending_idx") + ` ON ` + t.Quoted + ` (id) WHERE status = 'in_flight'`,
+		// What the retention cleanup deletes.
+		`CREATE INDEX IF NOT EXISTS ` + t.Index("sent_idx") + ` ON ` + t.Quoted + ` (sent_at) WHERE status = 'sent'`,
+		// What a person lists and retries.
+		`CREATE INDEX IF NOT EXISTS ` + t.Index("failed_idx") + ` ON ` + t.Quoted + ` (id) WHERE status = 'failed'`,
+	}
+}
+
+// Schema returns the DDL Migrate runs, for a DBA to review or apply.
+func (o *Outbox) Schema() string { return strings.Join(o.ddl(), ";\n\n") + ";\n" }
+
+// Migrate creates the table and its indexes if they do not exist. Processes
+// migrating at once are serialised by an advisory lock.
+func (o *Outbox) Migrate(ctx context.Context) error {
+	return pgsql.Migrate(ctx, o.db, o.cfg.table, o.ddl())
+}
+
+// Enqueue writes msg, to be published to exchange with routingKey, inside
+// tx: the message exists if and only if tx commits. It returns the row's id.
+//
+// The published message's MessageId is msg.MessageId when set, else a random
+// UUID chosen here and stored with the row, so every publish of the row, a
+// re-send included, carries the same id for consumers to deduplicate on.
+// Enqueue refuses, with ErrInvalidMessage, a message the publisher could
+// never send; Go int values in the headers become int64, as the publisher
+// would make them.
+func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, exchange, routingKey string, msg amqp.Publishing) (int64, error) {
+	if tx == nil {
+		return 0, fmt.Errorf("outbox: Enqueue needs the transaction of the business write, got nil")
+	}
+	if err := check(exchange, routingKey, &msg); err != nil {
+		return 0, err
+	}
+	props, err := encodeProperties(msg)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrInvalidMessage, err)
+	}
+	if msg.MessageId == "" {
+		msg.MessageId = newUUID()
+	}
+	body := msg.Body
+	if body == nil {
+		body = []byte{}
+	}
+	var id int64
+	err = tx.QueryRowContext(ctx, `INSERT INTO `+o.cfg.table.Quoted+
+		` (message_id, exchange, routing_key, properties, body) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
+		msg.MessageId, exchange, routingKey, props, body).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: enqueue into %s: %w", o.cfg.table.Name, pgsql.RedactErr(err))
+	}
+	return id, nil
+}
+
+func check(exchange, key string, msg *amqp.Publishing) error {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w for exchange %q: %s", ErrInvalidMessage, exchange, fmt.Sprintf(format, args...))
+	}
+	if len(exchange) > amqptable.MaxShortString || len(key) > amqptable.MaxShortString {
+		return invalid("exchange and routing key are limited to %d bytes, got %d and %d", amqptable.MaxShortString, len(exchange), len(key))
+	}
+	if err := amqptable.CheckShortStrings(*msg); err != nil {
+		return invalid("%v", err)
+	}
+	if msg.Headers != nil {
+		h, err := amqptable.Normalize(msg.Headers)
+		if err != nil {
+			return invalid("%v", err)
+		}
+		msg.Headers = h
+	}
+	return nil
+}
+
+// newUUID returns a random (version 4) UUID.
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// Redact hides the passwords in text: in postgres:// (or any scheme://)
+// URLs and in password=... keyword/value pairs. Everything this package
+// logs or returns has been through it; use it on a DSN before you print one.
+func Redact(text string) string { return pgsql.Redact(text) }
+
+// since is how long ago t was, for logs.
+func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
