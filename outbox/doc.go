@@ -26,6 +26,9 @@
 //     text in last_error, next_retry_at after an exponential backoff
 //     (WithRetryBackoff); at WithMaxTries the row is failed. A message the
 //     publisher refuses as invalid fails at once: resending cannot help;
+//     - publisher without a connection (publisher.ErrNotConnected: the
+//     broker is down or unreachable): untouched, no try counted, and the
+//     worker waits with backoff, as for a database outage;
 //     - not attempted, or cut short by shutdown: untouched, due again.
 //     A pass that found less than a batch waits WithPollInterval (50ms)
 //     before the next; the workers start half an interval apart. Measured
@@ -54,12 +57,13 @@
 // try goes behind newer rows; WithWorkers(1) and WithConcurrency(1) give
 // strict order of first sends, at a fraction of the throughput.
 //
-// A publish that is not confirmed counts as a try even when the broker,
-// not the message, is at fault: rows pending through a broker outage longer
-// than their schedule (about 13 minutes with the defaults: ten tries of up
-// to WithPublishTimeout each, with backoff between) become failed. They are
-// kept: RetryAllFailed sends them once the broker is back, or raise
-// WithMaxTries.
+// A broker outage uses up no tries: a publish that found the publisher
+// without a connection leaves its row as it was, however long the outage,
+// and the relay resumes when the broker is back. A publish sent but not
+// confirmed in time (the connection died after the send, a broker too slow
+// to confirm) does count, since the relay cannot tell it from a message the
+// broker will not take: ten such tries (with the defaults, about 13 minutes
+// of backoff) fail the row, which is kept for RetryAllFailed.
 //
 // A database that fails is logged (with any password in the text hidden;
 // see Redact), waited out with backoff, and resumed from: Run returns only

@@ -13,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/outbox"
 	"github.com/amqpretry/amqpretry/outbox/internal/dbtest"
@@ -326,4 +327,54 @@ func TestLargeMessagesAreBatchedByBytes(t *testing.T) {
 	if rec.maxFlight > 2 {
 		t.Fatalf("%d messages of 1 MiB were published at once under a 2.5 MiB budget", rec.maxFlight)
 	}
+}
+
+// A broker outage longer than the whole retry schedule fails no row: a
+// publish that finds the publisher without a connection counts no try, and
+// the relay waits the outage out. Once the broker is back every row is sent.
+func TestBrokerOutageCountsNoTries(t *testing.T) {
+	const rows = 20
+	ob, db, _ := setup(t, outbox.WithMaxTries(2), outbox.WithRetryBackoff(10*time.Millisecond, 20*time.Millisecond),
+		outbox.WithPublishTimeout(200*time.Millisecond))
+	q, deliveries := queue(t)
+	proxy, url := brokertest.Proxy(t)
+	pub, err := publisher.New(url, publisher.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	var logs syncBuffer
+	relay := ob.Relay(pub, outbox.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+
+	proxy.Refuse(true)
+	proxy.CutAll()
+	ids := make([]int64, rows)
+	for i := range ids {
+		ids[i] = enqueue(t, db, ob, "", q, amqp.Publishing{Body: []byte(strconv.Itoa(i))})
+	}
+	stop := start(t, relay)
+	// Long enough for many passes: with tries counted, two would fail a row.
+	time.Sleep(2 * time.Second)
+	for _, id := range ids {
+		if r := row(t, ob, id); r.Status != outbox.StatusInFlight || r.RetriedCount != 0 {
+			t.Fatalf("during the outage row %d is %s with %d tries (%q), want in flight with none", id, r.Status, r.RetriedCount, r.LastError)
+		}
+	}
+	if !strings.Contains(logs.String(), "broker is unreachable") {
+		t.Errorf("the relay did not log the outage:\n%s", logs.String())
+	}
+
+	proxy.Refuse(false)
+	for range rows {
+		receive(t, deliveries, 30*time.Second)
+	}
+	eventually(t, 10*time.Second, "every row sent", func() bool {
+		for _, id := range ids {
+			if statusOf(t, db, ob, id) != outbox.StatusSent {
+				return false
+			}
+		}
+		return true
+	})
+	stop()
 }

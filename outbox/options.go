@@ -160,7 +160,8 @@ func WithPollInterval(d time.Duration) Option {
 }
 
 // WithPublishTimeout bounds one publish, confirm included; past it the
-// publish counts as a failed try. Default 30s.
+// publish counts as a failed try, unless the publisher had no connection to
+// the broker (then it counts none). Default 30s.
 func WithPublishTimeout(d time.Duration) Option {
 	return func(c *config) {
 		if d <= 0 {

@@ -123,7 +123,11 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 			}
 			outages++
 			wait := backoff(outages, outageBackoffInitial, outageBackoffMax)
-			if pgsql.UndefinedTable(err) {
+			var unreachable *brokerUnreachableError
+			if errors.As(err, &unreachable) {
+				log.Warn("outbox relay: the broker is unreachable; the rows stay in flight and no try is counted; waiting",
+					"worker", worker, "rows", unreachable.rows, "error", pgsql.Redact(err.Error()), "retry_in", wait, "failures", outages)
+			} else if pgsql.UndefinedTable(err) {
 				log.Error("outbox relay: the outbox table does not exist: run Outbox.Migrate, or apply Outbox.Schema; waiting",
 					"worker", worker, "error", pgsql.Redact(err.Error()), "retry_in", wait)
 			} else {
@@ -135,7 +139,7 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 			continue
 		}
 		if outages > 0 {
-			log.Info("outbox relay: the database answers again; resumed", "worker", worker, "after", since(outageStart), "failures", outages)
+			log.Info("outbox relay: the outage is over; resumed", "worker", worker, "after", since(outageStart), "failures", outages)
 			outages = 0
 		}
 		if n < r.cfg.batchSize && !sleep(ctx, r.cfg.pollInterval) {
@@ -180,7 +184,7 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 
 	stmtCtx, cancelStmt := context.WithTimeout(txCtx, dbTimeout)
 	defer cancelStmt()
-	closed, err := r.record(ctx, stmtCtx, tx, rows)
+	halt, err := r.record(ctx, stmtCtx, tx, rows)
 	if err != nil {
 		return 0, err
 	}
@@ -189,11 +193,27 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 			"table", r.cfg.table.Name, "rows", len(rows), "error", pgsql.Redact(err.Error()))
 		return 0, pgsql.RedactErr(err)
 	}
-	if closed != nil {
-		return len(rows), closed
+	if halt != nil {
+		return len(rows), halt
 	}
 	return len(rows), nil
 }
+
+// brokerUnreachableError: publishes of a pass found the publisher without a
+// connection (publisher.ErrNotConnected). Those rows stay due with no try
+// counted, since the broker, not the message, is at fault: an outage longer
+// than the retry schedule must not fail every pending row. The relay waits
+// it out like a database outage.
+type brokerUnreachableError struct {
+	rows  int
+	cause error
+}
+
+func (e *brokerUnreachableError) Error() string {
+	return fmt.Sprintf("outbox relay: the publisher has no connection to the broker: %d rows stay in flight, no try counted: %v", e.rows, e.cause)
+}
+
+func (e *brokerUnreachableError) Unwrap() error { return e.cause }
 
 // errNotRead marks a claimed row whose message the second query did not
 // return; it cannot happen while the row is locked, and is failed, never
@@ -303,8 +323,10 @@ func (r *Relay) publishOne(ctx context.Context, c *claimed) (err error) {
 
 // record writes each attempted row's outcome. It returns publisher.ErrClosed
 // (after recording the rest) if the publisher was closed under the relay.
-func (r *Relay) record(runCtx, ctx context.Context, tx *sql.Tx, rows []*claimed) (closed error, err error) {
+func (r *Relay) record(runCtx, ctx context.Context, tx *sql.Tx, rows []*claimed) (halt error, err error) {
 	var sent []string
+	var closed error
+	var unreachable *brokerUnreachableError
 	for _, c := range rows {
 		switch {
 		case c.bad != nil:
@@ -319,6 +341,11 @@ func (r *Relay) record(runCtx, ctx context.Context, tx *sql.Tx, rows []*claimed)
 		case runCtx.Err() != nil:
 			// Shutdown cut the wait for the confirm: not the message's fault,
 			// so not a try; the row stays due.
+		case errors.Is(c.result, publisher.ErrNotConnected):
+			if unreachable == nil {
+				unreachable = &brokerUnreachableError{cause: c.result}
+			}
+			unreachable.rows++
 		default:
 			if err := r.fail(ctx, tx, c, c.result, errors.Is(c.result, publisher.ErrInvalidMessage)); err != nil {
 				return nil, err
@@ -334,7 +361,13 @@ func (r *Relay) record(runCtx, ctx context.Context, tx *sql.Tx, rows []*claimed)
 			return nil, pgsql.RedactErr(err)
 		}
 	}
-	return closed, nil
+	if closed != nil {
+		return closed, nil
+	}
+	if unreachable != nil {
+		return unreachable, nil
+	}
+	return nil, nil
 }
 
 // fail counts a failed try of c: due again after the backoff, or failed

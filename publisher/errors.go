@@ -20,6 +20,15 @@ var (
 	// ErrNotConfirmed: the context ended or the confirm timeout passed before
 	// the broker confirmed; the message may or may not have been stored.
 	ErrNotConfirmed = errors.New("publisher: not confirmed")
+
+	// ErrNotConnected: the context ended while the publisher had no
+	// connection to the broker (an outage, or the broker blocking publishes
+	// for a resource alarm). The error also matches ErrNotConfirmed: an
+	// earlier attempt on a connection that then died may still have stored
+	// the message. It says the broker, not the message, is at fault, so a
+	// caller that counts tries per message (the outbox relay) can leave
+	// this one uncounted.
+	ErrNotConnected = errors.New("publisher: not connected")
 )
 
 // UnroutableError is the error for a returned message; it matches
@@ -74,6 +83,7 @@ type notConfirmedError struct {
 	exchange, key string
 	cause         error
 	lastLoss      error
+	notConnected  bool // no live channel when the context ended
 }
 
 func (e *notConfirmedError) Error() string {
@@ -84,5 +94,7 @@ func (e *notConfirmedError) Error() string {
 	return msg + "; it may or may not have been stored"
 }
 
-func (e *notConfirmedError) Is(target error) bool { return target == ErrNotConfirmed }
-func (e *notConfirmedError) Unwrap() error        { return e.cause }
+func (e *notConfirmedError) Is(target error) bool {
+	return target == ErrNotConfirmed || (e.notConnected && target == ErrNotConnected)
+}
+func (e *notConfirmedError) Unwrap() error { return e.cause }

@@ -243,7 +243,7 @@ func (p *Publisher) pickChannel(ctx context.Context, exchange, key string) (*con
 			p.mu.Lock()
 			loss := p.lastLoss
 			p.mu.Unlock()
-			return nil, &notConfirmedError{exchange: exchange, key: key, cause: fmt.Errorf("not connected: %w", ctx.Err()), lastLoss: loss}
+			return nil, &notConfirmedError{exchange: exchange, key: key, cause: fmt.Errorf("not connected: %w", ctx.Err()), lastLoss: loss, notConnected: true}
 		case <-p.closing.Done():
 			return nil, ErrClosed
 		}

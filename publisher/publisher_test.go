@@ -182,6 +182,9 @@ func TestPublishWaitsForTheBrokerUntilTheDeadline(t *testing.T) {
 	if !errors.Is(err, publisher.ErrNotConfirmed) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want ErrNotConfirmed after the deadline", err)
 	}
+	if !errors.Is(err, publisher.ErrNotConnected) {
+		t.Errorf("err = %v, want it to match ErrNotConnected: the outage, not the message, is at fault", err)
+	}
 	if waited := time.Since(start); waited < 900*time.Millisecond || waited > 3*time.Second {
 		t.Errorf("returned after %v, want about the 1s deadline", waited)
 	}
@@ -198,6 +201,14 @@ func TestPublishWaitsForTheBrokerUntilTheDeadline(t *testing.T) {
 	}
 	if n := brokertest.Depth(t, q); n != 1 {
 		t.Fatalf("queue holds %d, want only the confirmed message", n)
+	}
+
+	// Connected, a context that ends is not an outage.
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	err = p.Publish(cancelled, "", q, amqp.Publishing{Body: []byte("cancelled")})
+	if !errors.Is(err, publisher.ErrNotConfirmed) || errors.Is(err, publisher.ErrNotConnected) {
+		t.Fatalf("connected, cancelled: err = %v, want ErrNotConfirmed and not ErrNotConnected", err)
 	}
 }
 
