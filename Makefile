@@ -22,7 +22,9 @@ BIN := $(CURDIR)/.bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 # Modules with their own go.mod: the library, then programs that use it.
-MODULES := . examples bench
+# cmd/amqpretry is one so that its PostgreSQL driver (for the outbox
+# commands) never reaches the library's go.mod.
+MODULES := . examples bench cmd/amqpretry
 
 # The oldest Go the library supports. `go mod tidy` raises a module's go line
 # when it picks a newer dependency (otel past v1.41 needs Go 1.26): the
@@ -36,6 +38,8 @@ GOVULNCHECK := $(BIN)/govulncheck-$(GOVULNCHECK_VERSION)
 # machine. The budget is a count, not a duration: with -fuzztime 4s, Go's
 # fuzz coordinator (before Go 1.27, golang/go#75804) sometimes fails a target
 # with "context deadline exceeded" at the deadline though nothing crashed.
+# A package at the root of a module of its own (cmd/amqpretry) is fuzzed
+# from inside that module: go test refuses it from the library's.
 FUZZ_TARGETS := ./internal/amqphdr:FuzzReaders:200000 ./internal/amqpurl:FuzzRedact:200000 ./internal/amqpurl:FuzzParse:150000 \
 	./internal/amqptable:FuzzNormalize:120000 ./recoverer:FuzzFitFaultText:60000 ./dlx:FuzzHeaders:60000 \
 	./cmd/amqpretry:FuzzEscape:20000
@@ -135,8 +139,10 @@ staticcheck: $(STATICCHECK)
 
 # AMQPRETRY_REQUIRE_BROKER=1: a test that needs the broker fails instead of skipping.
 # unit and reliability use the broker $$AMQP_URL names: run them through suite.
+# AMQPRETRY_REQUIRE_DB=1: a test that needs PostgreSQL ($$DATABASE_URL, else
+# the local one) fails instead of skipping.
 unit:
-	@for m in $(MODULES); do (cd $$m && AMQPRETRY_REQUIRE_BROKER=1 $(GO) test -race -count=1 ./...); done
+	@for m in $(MODULES); do (cd $$m && AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_REQUIRE_DB=1 $(GO) test -race -count=1 ./...); done
 
 # Tests that stop the broker's app run alone, after the others: a restart
 # would pull the broker from under tests running in parallel.
@@ -148,7 +154,8 @@ fuzz:
 	for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; rest=$${t#*:}; name=$${rest%%:*}; execs=$${rest#*:}; \
 	  touch $$marker; start=$$(date +%s); \
-	  if ! $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $${execs}x $$pkg > $$log 2>&1; then \
+	  dir=.; rel=$$pkg; if [ -f $$pkg/go.mod ]; then dir=$$pkg; rel=.; fi; \
+	  if ! (cd $$dir && $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $${execs}x $$rel) > $$log 2>&1; then \
 	    cat $$log; \
 	    found=$$(find $$pkg/testdata/fuzz/$$name -type f -newer $$marker 2>/dev/null); \
 	    if [ -n "$$found" ]; then echo "fuzzing $$name found a failing input: $$found (go test -run '$$name' $$pkg replays it)"; \
