@@ -126,6 +126,7 @@ vet:
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
 	@$(GO) vet -tags disruptive ./internal/reliability
 	@$(GO) vet -tags cluster ./internal/reliability
+	@cd outbox && $(GO) vet -tags disruptive ./internal/e2e
 
 $(STATICCHECK):
 	@mkdir -p $(BIN)
@@ -136,6 +137,7 @@ staticcheck: $(STATICCHECK)
 	@for m in $(MODULES); do (cd $$m && $(STATICCHECK) ./...); done
 	@$(STATICCHECK) -tags disruptive ./internal/reliability
 	@$(STATICCHECK) -tags cluster ./internal/reliability
+	@cd outbox && $(STATICCHECK) -tags disruptive ./internal/e2e
 
 # AMQPRETRY_REQUIRE_BROKER=1: a test that needs the broker fails instead of skipping.
 # unit and reliability use the broker $$AMQP_URL names: run them through suite.
@@ -145,9 +147,12 @@ unit:
 	@for m in $(MODULES); do (cd $$m && AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_REQUIRE_DB=1 $(GO) test -race -count=1 ./...); done
 
 # Tests that stop the broker's app run alone, after the others: a restart
-# would pull the broker from under tests running in parallel.
+# would pull the broker from under tests running in parallel. The outbox's
+# end-to-end test (20,000 orders through a killed relay process, a restarted
+# broker and the inbox, about a minute) needs PostgreSQL too.
 reliability:
 	@AMQPRETRY_REQUIRE_BROKER=1 $(GO) test -race -count=1 -tags disruptive -timeout 8m -run 'Soak' -v ./internal/reliability | grep -E '^(---|===|ok|FAIL|PASS)|soak_test' || (echo "reliability suite failed on $(AMQP_URL)"; exit 1)
+	@cd outbox && AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_REQUIRE_DB=1 $(GO) test -race -count=1 -tags disruptive -timeout 5m -run 'OutboxEndToEnd' -v ./internal/e2e | grep -E '^(---|===|ok|FAIL|PASS)|e2e_test' || (echo "outbox end-to-end test failed on $(AMQP_URL)"; exit 1)
 
 fuzz:
 	@log=$$(mktemp); marker=$$(mktemp); trap 'rm -f $$log $$marker' EXIT; \
