@@ -21,10 +21,10 @@ GO ?= go
 BIN := $(CURDIR)/.bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
-# Modules with their own go.mod: the library, then programs that use it.
-# cmd/amqpretry is one so that its PostgreSQL driver (for the outbox
-# commands) never reaches the library's go.mod.
-MODULES := . examples bench cmd/amqpretry
+# Modules with their own go.mod: the library, programs that use it, the
+# outbox/inbox and the CLI (modules of their own so that their database
+# driver stays out of the library's go.mod).
+MODULES := . examples bench outbox cmd/amqpretry
 
 # The oldest Go the library supports. `go mod tidy` raises a module's go line
 # when it picks a newer dependency (otel past v1.41 needs Go 1.26): the
@@ -35,14 +35,13 @@ GOVULNCHECK_VERSION := v1.1.4
 GOVULNCHECK := $(BIN)/govulncheck-$(GOVULNCHECK_VERSION)
 
 # Fuzz targets, as package:Target:executions, each about 4 s on a 2-core
-# machine. The budget is a count, not a duration: with -fuzztime 4s, Go's
+# machine. A package of a nested module (./outbox) is fuzzed from that
+# module's directory. The budget is a count, not a duration: with -fuzztime 4s, Go's
 # fuzz coordinator (before Go 1.27, golang/go#75804) sometimes fails a target
 # with "context deadline exceeded" at the deadline though nothing crashed.
-# A package at the root of a module of its own (cmd/amqpretry) is fuzzed
-# from inside that module: go test refuses it from the library's.
 FUZZ_TARGETS := ./internal/amqphdr:FuzzReaders:200000 ./internal/amqpurl:FuzzRedact:200000 ./internal/amqpurl:FuzzParse:150000 \
 	./internal/amqptable:FuzzNormalize:120000 ./recoverer:FuzzFitFaultText:60000 ./dlx:FuzzHeaders:60000 \
-	./cmd/amqpretry:FuzzEscape:20000
+	./cmd/amqpretry:FuzzEscape:20000 ./outbox:FuzzProperties:30000
 
 # The two brokers make test runs the suite on: the system's (Debian bookworm's
 # 3.10) and RabbitMQ 4.0 in a root of its own beside it (scripts/rabbit4.sh).
@@ -53,10 +52,13 @@ CTL_3 := rabbitmqctl
 URL_4 := amqp://guest:guest@127.0.0.1:5673/
 CTL_4 := $(CURDIR)/scripts/rabbit4.sh ctl
 
+# The PostgreSQL the outbox and inbox tests use (scripts/postgres.sh starts it).
+DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+
 # The phases share the brokers and one disrupts them: never run them in parallel.
 .NOTPARALLEL:
 
-.PHONY: test demo bench broker rabbit4 cluster-up cluster-down test-cluster fmt gomod vet staticcheck suite suite-3.10 suite-4.0 unit reliability fuzz soak vulncheck
+.PHONY: test demo bench broker postgres rabbit4 cluster-up cluster-down test-cluster fmt gomod vet staticcheck suite suite-3.10 suite-4.0 unit reliability fuzz soak vulncheck
 
 test: fmt gomod vet staticcheck suite-3.10 suite-4.0 fuzz vulncheck
 
@@ -64,10 +66,10 @@ demo: broker
 	@echo "make demo: examples/quickstart on $$(AMQP_URL=$(URL_3) $(BIN)/brokercheck -describe)"
 	cd examples && AMQP_URL=$(URL_3) $(GO) run ./quickstart
 
-suite-3.10: broker
+suite-3.10: broker postgres
 	@$(MAKE) --no-print-directory suite AMQP_URL="$(URL_3)" AMQPRETRY_RABBITMQCTL="$(CTL_3)"
 
-suite-4.0: rabbit4
+suite-4.0: rabbit4 postgres
 	@$(MAKE) --no-print-directory suite AMQP_URL="$(URL_4)" AMQPRETRY_RABBITMQCTL="$(CTL_4)"
 
 # The broker-backed suite once, on whichever broker the environment names.
@@ -83,6 +85,9 @@ bench: broker
 
 broker:
 	@AMQP_URL=$(URL_3) scripts/broker.sh
+
+postgres:
+	@DATABASE_URL='$(DATABASE_URL)' scripts/postgres.sh
 
 rabbit4:
 	@scripts/rabbit4.sh up
@@ -139,12 +144,12 @@ staticcheck: $(STATICCHECK)
 	@$(STATICCHECK) -tags cluster ./internal/reliability
 	@cd outbox && $(STATICCHECK) -tags disruptive ./internal/e2e
 
-# AMQPRETRY_REQUIRE_BROKER=1: a test that needs the broker fails instead of skipping.
+# AMQPRETRY_REQUIRE_BROKER=1 and AMQPRETRY_REQUIRE_DB=1: a test that needs the
+# broker or PostgreSQL fails instead of skipping.
 # unit and reliability use the broker $$AMQP_URL names: run them through suite.
-# AMQPRETRY_REQUIRE_DB=1: a test that needs PostgreSQL ($$DATABASE_URL, else
-# the local one) fails instead of skipping.
 unit:
-	@for m in $(MODULES); do (cd $$m && AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_REQUIRE_DB=1 $(GO) test -race -count=1 ./...); done
+	@for m in $(MODULES); do (cd $$m && AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_REQUIRE_DB=1 DATABASE_URL='$(DATABASE_URL)' \
+	  $(GO) test -race -count=1 ./...); done
 
 # Tests that stop the broker's app run alone, after the others: a restart
 # would pull the broker from under tests running in parallel. The outbox's
@@ -152,15 +157,15 @@ unit:
 # broker and the inbox, about a minute) needs PostgreSQL too.
 reliability:
 	@AMQPRETRY_REQUIRE_BROKER=1 $(GO) test -race -count=1 -tags disruptive -timeout 8m -run 'Soak' -v ./internal/reliability | grep -E '^(---|===|ok|FAIL|PASS)|soak_test' || (echo "reliability suite failed on $(AMQP_URL)"; exit 1)
-	@cd outbox && AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_REQUIRE_DB=1 $(GO) test -race -count=1 -tags disruptive -timeout 5m -run 'OutboxEndToEnd' -v ./internal/e2e | grep -E '^(---|===|ok|FAIL|PASS)|e2e_test' || (echo "outbox end-to-end test failed on $(AMQP_URL)"; exit 1)
+	@cd outbox && AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_REQUIRE_DB=1 DATABASE_URL='$(DATABASE_URL)' $(GO) test -race -count=1 -tags disruptive -timeout 5m -run 'OutboxEndToEnd' -v ./internal/e2e | grep -E '^(---|===|ok|FAIL|PASS)|e2e_test' || (echo "outbox end-to-end test failed on $(AMQP_URL)"; exit 1)
 
 fuzz:
 	@log=$$(mktemp); marker=$$(mktemp); trap 'rm -f $$log $$marker' EXIT; \
 	for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; rest=$${t#*:}; name=$${rest%%:*}; execs=$${rest#*:}; \
+	  mod=$$pkg; while [ ! -f $$mod/go.mod ]; do mod=$$(dirname $$mod); done; rel=$${pkg#$$mod}; \
 	  touch $$marker; start=$$(date +%s); \
-	  dir=.; rel=$$pkg; if [ -f $$pkg/go.mod ]; then dir=$$pkg; rel=.; fi; \
-	  if ! (cd $$dir && $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $${execs}x $$rel) > $$log 2>&1; then \
+	  if ! (cd $$mod && $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $${execs}x ./$${rel#/}) > $$log 2>&1; then \
 	    cat $$log; \
 	    found=$$(find $$pkg/testdata/fuzz/$$name -type f -newer $$marker 2>/dev/null); \
 	    if [ -n "$$found" ]; then echo "fuzzing $$name found a failing input: $$found (go test -run '$$name' $$pkg replays it)"; \

@@ -352,3 +352,25 @@ func TestSchemaIsWhatMigrateRuns(t *testing.T) {
 		t.Fatalf("%d indexes, want 4 (primary key, pending, sent, failed)", indexes)
 	}
 }
+
+// A row whose properties cannot be decoded (written by hand, or damaged) is
+// failed at once with the reason, never published and never deleted.
+func TestCorruptRowIsFailedNotDropped(t *testing.T) {
+	ob, db, _ := setup(t)
+	q, deliveries := queue(t)
+	var id int64
+	if err := db.QueryRow(`INSERT INTO `+ob.Table()+` (message_id, exchange, routing_key, properties, body)
+		VALUES ('damaged', '', $1, '\x01ff'::bytea, '\x00'::bytea) RETURNING id`, q).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	good := enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "good"})
+	start(t, ob.Relay(newPublisher(t)))
+	if d := receive(t, deliveries, 10*time.Second); d.MessageId != "good" {
+		t.Fatalf("published %q", d.MessageId)
+	}
+	eventually(t, 5*time.Second, "damaged row failed", func() bool { return statusOf(t, db, ob, id) == outbox.StatusFailed })
+	if r := row(t, ob, id); r.RetriedCount != 1 || !strings.Contains(r.LastError, "cannot be decoded") {
+		t.Fatalf("damaged row: retried_count %d, last_error %q", r.RetriedCount, r.LastError)
+	}
+	eventually(t, 5*time.Second, "good row sent", func() bool { return statusOf(t, db, ob, good) == outbox.StatusSent })
+}
