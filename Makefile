@@ -79,9 +79,11 @@ suite:
 	@$(MAKE) --no-print-directory unit reliability
 
 # About two minutes: throughput against raw amqp091-go and Watermill, a
-# poison flood, scale-up, the retry schedule. Writes bench/results/.
-bench: broker
-	cd bench && $(GO) run . -out results
+# poison flood, scale-up, the retry schedule, the outbox relay against raw
+# confirmed publishing and its commit-to-publish latency (on PostgreSQL).
+# Writes bench/results/.
+bench: broker postgres
+	cd bench && DATABASE_URL='$(DATABASE_URL)' $(GO) run . -out results
 
 broker:
 	@AMQP_URL=$(URL_3) scripts/broker.sh
