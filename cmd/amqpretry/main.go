@@ -35,6 +35,11 @@
 // as a hex dump of its first 1024 bytes.
 // Exit status: 0 done, 1 the broker, the queue, the database or the row
 // failed, 2 wrong usage.
+//
+// The command is a module of its own, so that its PostgreSQL driver stays out
+// of the library's go.mod; its go.mod points at the library and the outbox
+// beside it in the checkout (replace directives, which go install of a
+// version refuses): build it there, with cd cmd/amqpretry && go build.
 package main
 
 import (
