@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
 	"github.com/amqpretry/amqpretry/outbox"
@@ -169,8 +171,15 @@ func withOutbox(ctx context.Context, dsn, table string, f func(*outbox.Outbox) e
 		}
 		return fmt.Errorf("cannot connect to PostgreSQL at %s: %w", where, err)
 	}
-	return f(ob)
+	err = f(ob)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == undefinedTable {
+		return fmt.Errorf("%w\nis --table %s right? The outbox's Migrate creates the table; `amqpretry outbox schema` prints its DDL", err, table)
+	}
+	return err
 }
+
+// undefinedTable is PostgreSQL's SQLSTATE for a table that does not exist.
+const undefinedTable = "42P01"
 
 // listRows prints rows as a table. Whatever a row holds came from a
 // producer (exchange, routing key, message id) or the broker (the last

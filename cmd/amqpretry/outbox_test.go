@@ -316,7 +316,7 @@ func TestOutboxNeverPrintsThePassword(t *testing.T) {
 		{"nothing listening", []string{"outbox", "list", "--dsn", withPassword(closedPort, "")}, 1, "cannot connect to PostgreSQL"},
 		{"nothing listening, key/value", []string{"outbox", "retry", "--all-failed", "--dsn", "host=127.0.0.1 port=" + strings.Split(closedPort, ":")[1] + " password='" + secret + "' sslmode=disable"}, 1, "cannot connect to PostgreSQL"},
 		{"no such database", []string{"outbox", "list", "--dsn", withPassword("", "amqpretry_no_such_db")}, 1, "amqpretry_no_such_db"},
-		{"no such table", []string{"outbox", "retry", "7", "--dsn", withPassword("", ""), "--table", missing}, 1, "does not exist"},
+		{"no such table", []string{"outbox", "retry", "7", "--dsn", withPassword("", ""), "--table", missing}, 1, "is --table " + missing + " right?"},
 		{"bad table name", []string{"outbox", "list", "--dsn", withPassword("", ""), "--table", "Robert'); DROP TABLE x"}, 2, "--table"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
