@@ -1,8 +1,9 @@
 # The two commands a newcomer needs:
 #   make demo   run examples/quickstart against the local broker (started if needed)
 #   make test   everything CI runs: formatting, vet, staticcheck, then on RabbitMQ
-#               3.10 and on RabbitMQ 4.0 each the tests with -race and the
-#               broker-disrupting reliability suite, then a short fuzz of every target
+#               3.10 and on RabbitMQ 4.0 each the tests with -race (the outbox's
+#               on PostgreSQL too) and the broker-disrupting reliability suite,
+#               then a short fuzz of every target
 # and, for numbers and long runs:
 #   make bench      the benchmark program (bench/): a markdown report, bench/results/
 #   make soak       the long fault-injection soak (200,000 messages)
@@ -10,6 +11,7 @@
 #   make suite      the broker-backed suite once, against $$AMQP_URL (and the node
 #                   $$AMQPRETRY_RABBITMQCTL reaches): for a broker of your own
 #   make rabbit4    make sure the RabbitMQ 4.0 broker answers (scripts/rabbit4.sh)
+#   make postgres   make sure PostgreSQL answers at $$DATABASE_URL (scripts/postgres.sh)
 #   make test-cluster  the cluster tests on a three-node cluster (scripts/cluster.sh),
 #                   started for them and removed after; CLUSTER_RABBITMQ=4 for 4.0
 #   make cluster-up / cluster-down  keep that cluster running between runs, or remove it

@@ -14,11 +14,12 @@
 //     and its partial indexes.
 //  2. In your code: BEGIN; your writes; Enqueue(ctx, tx, exchange, key, msg);
 //     COMMIT. A rolled-back transaction leaves no message.
-//  3. In one or more processes: Relay(pub).Run(ctx). Each pass, in one
-//     transaction, claims up to WithBatchSize due rows in id order with
-//     SELECT ... FOR UPDATE SKIP LOCKED, publishes them through pub
+//  3. In one or more processes: Relay(pub).Run(ctx). It runs WithWorkers
+//     loops (2), each repeating a pass: in one transaction, claim up to
+//     WithBatchSize (500) due rows in id order with
+//     SELECT ... FOR UPDATE SKIP LOCKED, publish them through pub
 //     (mandatory, confirms; pipelined, up to WithConcurrency at once, started
-//     in id order), then records each outcome and commits:
+//     in id order), record each outcome and commit:
 //     - confirmed: status sent, sent_at set;
 //     - returned (no queue bound), nacked, not confirmed in
 //     WithPublishTimeout, exchange missing: retried_count + 1, the error's
@@ -26,10 +27,13 @@
 //     (WithRetryBackoff); at WithMaxTries the row is failed. A message the
 //     publisher refuses as invalid fails at once: resending cannot help;
 //     - not attempted, or cut short by shutdown: untouched, due again.
-//     An empty pass waits WithPollInterval (50ms) before the next.
+//     A pass that found less than a batch waits WithPollInterval (50ms)
+//     before the next; the workers start half an interval apart. Measured
+//     on a 2-core machine: a commit reaches the consumer in 30ms at the
+//     median, 50-60ms at worst.
 //  4. A person fixes what made rows fail (declares the exchange, binds the
 //     queue) and calls Retry(id) or RetryAllFailed; List shows the rows.
-//  5. Each relay deletes sent rows older than WithRetention (24h), in
+//  5. Each relay (one of its workers) deletes sent rows older than WithRetention (24h), in
 //     batches, every WithCleanupInterval. Failed and in-flight rows are
 //     never deleted.
 //
@@ -46,8 +50,9 @@
 // relays do not send the same row in the normal case. Order: rows are
 // claimed and their publishes started in id (creation) order, but
 // concurrent publishes over several channels may reach the queue slightly
-// out of order, and a row that failed a try goes behind newer rows; use
-// WithConcurrency(1) for strict order of first sends.
+// out of order, two workers' batches interleave, and a row that failed a
+// try goes behind newer rows; WithWorkers(1) and WithConcurrency(1) give
+// strict order of first sends, at a fraction of the throughput.
 //
 // A database that fails is logged (with any password in the text hidden;
 // see Redact), waited out with backoff, and resumed from: Run returns only

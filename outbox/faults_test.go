@@ -16,6 +16,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/outbox"
 	"github.com/amqpretry/amqpretry/outbox/internal/dbtest"
+	"github.com/amqpretry/amqpretry/publisher"
 )
 
 // confirmRecorder passes publishes to the real publisher and remembers which
@@ -25,10 +26,19 @@ type confirmRecorder struct {
 	mu        sync.Mutex
 	confirmed map[string]int
 	hook      func(n int)
+	inFlight  int // publishes under way
+	maxFlight int // the most at once
 }
 
 func (c *confirmRecorder) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	c.mu.Lock()
+	c.inFlight++
+	c.maxFlight = max(c.maxFlight, c.inFlight)
+	c.mu.Unlock()
 	err := c.pub.Publish(ctx, exchange, key, msg)
+	c.mu.Lock()
+	c.inFlight--
+	c.mu.Unlock()
 	if err != nil {
 		return err
 	}
@@ -236,4 +246,84 @@ type noPublisher struct{}
 
 func (noPublisher) Publish(context.Context, string, string, amqp.Publishing) error {
 	return errors.New("never called: the database is down")
+}
+
+// Shutdown in the middle of a batch: what the broker confirmed before it is
+// recorded as sent (else it would be sent again); what it did not is left
+// in flight without counting a try.
+func TestShutdownRecordsTheConfirmsItHas(t *testing.T) {
+	const rows = 400
+	ob, db, _ := setup(t, outbox.WithWorkers(1), outbox.WithBatchSize(rows), outbox.WithConcurrency(10))
+	q, _ := queue(t)
+	for i := range rows {
+		enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "m" + strconv.Itoa(i)})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rec := &confirmRecorder{pub: newPublisher(t), confirmed: map[string]int{}}
+	rec.hook = func(n int) {
+		if n == 100 {
+			cancel()
+		}
+	}
+	if err := ob.Relay(rec).Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	list, err := ob.List(context.Background(), outbox.ListOptions{Limit: rows})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := 0
+	for _, r := range list {
+		switch confirmed := rec.wasConfirmed(r.MessageID); {
+		case r.Status == outbox.StatusSent && !confirmed:
+			t.Errorf("row %d is sent without a confirm", r.ID)
+		case r.Status != outbox.StatusSent && confirmed:
+			t.Errorf("row %d was confirmed but is %s: it will be sent again", r.ID, r.Status)
+		case r.Status == outbox.StatusInFlight && r.RetriedCount != 0:
+			t.Errorf("row %d counts %d tries for a shutdown", r.ID, r.RetriedCount)
+		}
+		if r.Status == outbox.StatusSent {
+			sent++
+		}
+	}
+	if sent < 100 || sent == rows {
+		t.Fatalf("%d of %d rows sent; the shutdown came after the 100th confirm", sent, rows)
+	}
+	t.Logf("%d rows confirmed and recorded before the shutdown, %d left in flight", sent, rows-sent)
+}
+
+// A publisher closed under the relay stops it with an error that says so;
+// the row is untouched.
+func TestClosedPublisherStopsTheRelay(t *testing.T) {
+	ob, db, _ := setup(t)
+	id := enqueue(t, db, ob, "", "anywhere", amqp.Publishing{})
+	pub := newPublisher(t)
+	_ = pub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := ob.Relay(pub).Run(ctx)
+	if !errors.Is(err, publisher.ErrClosed) {
+		t.Fatalf("Run: %v, want publisher.ErrClosed", err)
+	}
+	if r := row(t, ob, id); r.Status != outbox.StatusInFlight || r.RetriedCount != 0 {
+		t.Fatalf("row is %s with %d tries, want in flight and untouched", r.Status, r.RetriedCount)
+	}
+}
+
+// Large messages are claimed a few at a time, under WithMaxBatchBytes, and
+// all are sent.
+func TestLargeMessagesAreBatchedByBytes(t *testing.T) {
+	ob, db, _ := setup(t, outbox.WithWorkers(1), outbox.WithMaxBatchBytes(5<<19)) // 2.5 MiB
+	q, deliveries := queue(t)
+	for i := range 6 {
+		enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: strconv.Itoa(i), Body: make([]byte, 1<<20)})
+	}
+	rec := &confirmRecorder{pub: newPublisher(t), confirmed: map[string]int{}}
+	start(t, ob.Relay(rec))
+	for range 6 {
+		receive(t, deliveries, 30*time.Second)
+	}
+	if rec.maxFlight > 2 {
+		t.Fatalf("%d messages of 1 MiB were published at once under a 2.5 MiB budget", rec.maxFlight)
+	}
 }

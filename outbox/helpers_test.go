@@ -24,7 +24,7 @@ var _ outbox.Publisher = (*publisher.Publisher)(nil)
 var fast = []outbox.Option{outbox.WithRetryBackoff(10*time.Millisecond, 40*time.Millisecond)}
 
 // setup returns an Outbox on a table in a schema of the test's own, migrated.
-func setup(t *testing.T, opts ...outbox.Option) (*outbox.Outbox, *sql.DB, string) {
+func setup(t testing.TB, opts ...outbox.Option) (*outbox.Outbox, *sql.DB, string) {
 	t.Helper()
 	db := dbtest.DB(t)
 	schema := dbtest.Schema(t, db)
@@ -39,11 +39,11 @@ func setup(t *testing.T, opts ...outbox.Option) (*outbox.Outbox, *sql.DB, string
 }
 
 // testLogger writes to the test's log, so a failing test shows the relay's story.
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-type tWriter struct{ t *testing.T }
+type tWriter struct{ t testing.TB }
 
 func (w tWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(bytes.TrimRight(p, "\n")))
@@ -68,7 +68,7 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-func newPublisher(t *testing.T) *publisher.Publisher {
+func newPublisher(t testing.TB) *publisher.Publisher {
 	t.Helper()
 	brokertest.Dial(t) // skips or fails clearly without a broker
 	pub, err := publisher.New(brokertest.URL(), publisher.WithLogger(slog.New(slog.DiscardHandler)))

@@ -21,7 +21,9 @@ type config struct {
 	initialBackoff time.Duration
 	maxBackoff     time.Duration
 	batchSize      int
+	maxBatchBytes  int64
 	concurrency    int
+	workers        int
 	pollInterval   time.Duration
 	publishTimeout time.Duration
 	retention      time.Duration
@@ -37,7 +39,9 @@ func defaultConfig() config {
 		maxTries:       10,
 		initialBackoff: time.Second,
 		maxBackoff:     5 * time.Minute,
-		batchSize:      200,
+		batchSize:      500,
+		maxBatchBytes:  64 << 20,
+		workers:        2,
 		pollInterval:   50 * time.Millisecond,
 		publishTimeout: 30 * time.Second,
 		retention:      24 * time.Hour,
@@ -90,8 +94,8 @@ func WithRetryBackoff(initial, max time.Duration) Option {
 	}
 }
 
-// WithBatchSize sets how many rows a relay claims per transaction. Default
-// 200.
+// WithBatchSize sets how many rows a relay worker claims per transaction.
+// Default 500.
 func WithBatchSize(n int) Option {
 	return func(c *config) {
 		if n < 1 || n > 10000 {
@@ -102,9 +106,23 @@ func WithBatchSize(n int) Option {
 	}
 }
 
-// WithConcurrency caps the publishes a relay has awaiting their confirms at
-// once. Default: the batch size. 1 publishes strictly in id order, one
-// confirm at a time, at a fraction of the throughput.
+// WithMaxBatchBytes bounds the message bytes (bodies and properties) a relay
+// worker holds at once: a batch of large messages is cut short, to one row
+// at least, and the rest wait for the next pass. Default 64 MiB.
+func WithMaxBatchBytes(n int64) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.fail("WithMaxBatchBytes(%d): want a positive number of bytes", n)
+			return
+		}
+		c.maxBatchBytes = n
+	}
+}
+
+// WithConcurrency caps the publishes each relay worker has awaiting their
+// confirms at once. Default: the batch size. WithWorkers(1) with
+// WithConcurrency(1) publishes strictly in id order, one confirm at a time,
+// at a fraction of the throughput.
 func WithConcurrency(n int) Option {
 	return func(c *config) {
 		if n < 1 {
@@ -112,6 +130,19 @@ func WithConcurrency(n int) Option {
 			return
 		}
 		c.concurrency = n
+	}
+}
+
+// WithWorkers sets how many loops a relay runs, each claiming, publishing
+// and recording its own batches: with two, one batch is published while the
+// last is recorded. Default 2.
+func WithWorkers(n int) Option {
+	return func(c *config) {
+		if n < 1 || n > 64 {
+			c.fail("WithWorkers(%d): want 1 to 64", n)
+			return
+		}
+		c.workers = n
 	}
 }
 

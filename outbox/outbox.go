@@ -80,11 +80,11 @@ func (o *Outbox) ddl() []string {
 )`,
 		// What a relay polls: in-flight rows in id order. Small, since rows
 		// leave it when sent or failed.
-		`CREATE INDEX IF NOT EXISTS ` + t.Index("pending") + ` ON ` + t.Quoted + ` (id) WHERE status = 'in_flight'`,
+		`CREATE INDEX IF NOT EXISTS ` + t.Index("pending_idx") + ` ON ` + t.Quoted + ` (id) WHERE status = 'in_flight'`,
 		// What the retention cleanup deletes.
-		`CREATE INDEX IF NOT EXISTS ` + t.Index("sent") + ` ON ` + t.Quoted + ` (sent_at) WHERE status = 'sent'`,
+		`CREATE INDEX IF NOT EXISTS ` + t.Index("sent_idx") + ` ON ` + t.Quoted + ` (sent_at) WHERE status = 'sent'`,
 		// What a person lists and retries.
-		`CREATE INDEX IF NOT EXISTS ` + t.Index("failed") + ` ON ` + t.Quoted + ` (id) WHERE status = 'failed'`,
+		`CREATE INDEX IF NOT EXISTS ` + t.Index("failed_idx") + ` ON ` + t.Quoted + ` (id) WHERE status = 'failed'`,
 	}
 }
 

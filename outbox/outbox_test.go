@@ -281,6 +281,8 @@ func TestInvalidOptions(t *testing.T) {
 		{outbox.WithRetryBackoff(time.Second, time.Millisecond), "WithRetryBackoff(1s, 1ms)"},
 		{outbox.WithBatchSize(0), "WithBatchSize(0)"},
 		{outbox.WithConcurrency(-1), "WithConcurrency(-1)"},
+		{outbox.WithWorkers(0), "WithWorkers(0)"},
+		{outbox.WithMaxBatchBytes(0), "WithMaxBatchBytes(0)"},
 		{outbox.WithPollInterval(0), "WithPollInterval(0s)"},
 		{outbox.WithPublishTimeout(-time.Second), "WithPublishTimeout(-1s)"},
 		{outbox.WithRetention(-time.Hour), "WithRetention(-1h0m0s)"},
@@ -373,4 +375,24 @@ func TestCorruptRowIsFailedNotDropped(t *testing.T) {
 		t.Fatalf("damaged row: retried_count %d, last_error %q", r.RetriedCount, r.LastError)
 	}
 	eventually(t, 5*time.Second, "good row sent", func() bool { return statusOf(t, db, ob, good) == outbox.StatusSent })
+}
+
+// The longest table name allowed keeps its index names whole (PostgreSQL
+// would cut a name past 63 bytes, and two cut names could collide).
+func TestLongestTableName(t *testing.T) {
+	_, db, schema := setup(t)
+	long := strings.Repeat("o", 48)
+	ob, err := outbox.New(db, outbox.WithTable(schema+"."+long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, suffix := range []string{"_pending_idx", "_sent_idx", "_failed_idx"} {
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = $2`, schema, long+suffix).Scan(&n); err != nil || n != 1 {
+			t.Errorf("index %s%s: %d found (%v)", long, suffix, n, err)
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,13 +63,42 @@ const (
 // Run publishes due rows until ctx ends, then returns nil. It returns an
 // error only for invalid options or when the publisher is closed under it.
 // A database that fails is logged, waited out with backoff and resumed.
+//
+// Run drives WithWorkers loops (default 2), each claiming its own batches,
+// so that one batch is published while the previous one is recorded; they
+// start a fraction of WithPollInterval apart, to spread their polls.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.cfg.err(); err != nil {
 		return err
 	}
 	log := r.cfg.logger.With("table", r.cfg.table.Name)
-	log.Info("outbox relay: started", "poll_interval", r.cfg.pollInterval, "batch_size", r.cfg.batchSize)
+	log.Info("outbox relay: started", "workers", r.cfg.workers, "poll_interval", r.cfg.pollInterval, "batch_size", r.cfg.batchSize)
 	defer log.Info("outbox relay: stopped")
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, r.cfg.workers)
+	var wg sync.WaitGroup
+	for i := range r.cfg.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.work(ctx, i, log); err != nil {
+				errs <- err
+				cancel() // the others stop too
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs // nil when none failed
+}
+
+// work is one worker's loop; worker 0 also deletes sent rows past the
+// retention.
+func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
+	if worker > 0 && !sleep(ctx, r.cfg.pollInterval*time.Duration(worker)/time.Duration(r.cfg.workers)) {
+		return nil
+	}
 	outages := 0
 	var outageStart time.Time
 	nextCleanup := time.Now()
@@ -76,7 +106,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if r.cfg.retention > 0 && !time.Now().Before(nextCleanup) {
+		if worker == 0 && r.cfg.retention > 0 && !time.Now().Before(nextCleanup) {
 			r.cleanup(ctx)
 			nextCleanup = time.Now().Add(r.cfg.cleanupEvery)
 		}
@@ -93,14 +123,14 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			outages++
 			wait := backoff(outages, outageBackoffInitial, outageBackoffMax)
-			log.Warn("outbox relay: cannot reach the outbox table; waiting", "error", pgsql.Redact(err.Error()), "retry_in", wait, "failures", outages)
+			log.Warn("outbox relay: cannot reach the outbox table; waiting", "worker", worker, "error", pgsql.Redact(err.Error()), "retry_in", wait, "failures", outages)
 			if !sleep(ctx, wait) {
 				return nil
 			}
 			continue
 		}
 		if outages > 0 {
-			log.Info("outbox relay: the database answers again; resumed", "after", since(outageStart), "failures", outages)
+			log.Info("outbox relay: the database answers again; resumed", "worker", worker, "after", since(outageStart), "failures", outages)
 			outages = 0
 		}
 		if n < r.cfg.batchSize && !sleep(ctx, r.cfg.pollInterval) {
@@ -160,10 +190,18 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 	return len(rows), nil
 }
 
+// errNotRead marks a claimed row whose message the second query did not
+// return; it cannot happen while the row is locked, and is failed, never
+// published empty, if it does.
+var errNotRead = errors.New("outbox: the row's message could not be read back in the pass that claimed it")
+
+// claim locks up to a batch of due rows, then reads the messages of those
+// that fit WithMaxBatchBytes.
 func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*claimed, error) {
 	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	rs, err := tx.QueryContext(qctx, `SELECT id, message_id, exchange, routing_key, properties, body, retried_count
+	rs, err := tx.QueryContext(qctx, `SELECT id, message_id, exchange, routing_key, retried_count,
+	octet_length(body) + octet_length(properties)
 	FROM `+r.cfg.table.Quoted+`
 	WHERE status = 'in_flight' AND next_retry_at <= now()
 	ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, r.cfg.batchSize)
@@ -172,16 +210,45 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*claimed, error) {
 	}
 	defer rs.Close()
 	var out []*claimed
+	byID := map[int64]*claimed{}
+	var ids []string
+	var total int64
 	for rs.Next() {
-		c := &claimed{}
-		var props, body []byte
-		if err := rs.Scan(&c.id, &c.messageID, &c.exchange, &c.key, &props, &body, &c.tries); err != nil {
+		c := &claimed{bad: errNotRead}
+		var size int64
+		if err := rs.Scan(&c.id, &c.messageID, &c.exchange, &c.key, &c.tries, &size); err != nil {
 			return nil, pgsql.RedactErr(err)
 		}
+		if total += size; len(out) > 0 && total > r.cfg.maxBatchBytes {
+			continue // locked until this pass commits, then due again
+		}
+		out = append(out, c)
+		byID[c.id] = c
+		ids = append(ids, strconv.FormatInt(c.id, 10))
+	}
+	if err := rs.Err(); err != nil {
+		return nil, pgsql.RedactErr(err)
+	}
+	rs.Close()
+	if len(out) == 0 {
+		return nil, nil
+	}
+	rs, err = tx.QueryContext(qctx, `SELECT id, properties, body FROM `+r.cfg.table.Quoted+
+		` WHERE id = ANY($1::bigint[])`, "{"+strings.Join(ids, ",")+"}")
+	if err != nil {
+		return nil, pgsql.RedactErr(err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var id int64
+		var props, body []byte
+		if err := rs.Scan(&id, &props, &body); err != nil {
+			return nil, pgsql.RedactErr(err)
+		}
+		c := byID[id]
 		c.msg, c.bad = decodeProperties(props)
 		c.msg.MessageId = c.messageID
 		c.msg.Body = body
-		out = append(out, c)
 	}
 	if err := rs.Err(); err != nil {
 		return nil, pgsql.RedactErr(err)

@@ -149,7 +149,7 @@ func (ib *Inbox) ddl() []string {
     PRIMARY KEY (consumer, message_id)
 )`,
 		// What Purge deletes.
-		`CREATE INDEX IF NOT EXISTS ` + ib.table.Index("processed_at") + ` ON ` + ib.table.Quoted + ` (processed_at)`,
+		`CREATE INDEX IF NOT EXISTS ` + ib.table.Index("processed_idx") + ` ON ` + ib.table.Quoted + ` (processed_at)`,
 	}
 }
 

@@ -393,3 +393,21 @@ func TestDatabaseDownIsRetryableAndRedacted(t *testing.T) {
 		}
 	}
 }
+
+func TestLongestTableName(t *testing.T) {
+	_, db, schema := setup(t)
+	long := strings.Repeat("i", 48)
+	ib, err := inbox.New(db, inbox.WithTable(schema+"."+long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ib.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = $2`, schema, long+"_processed_idx"); n != 1 {
+		t.Fatalf("index %s_processed_idx: %d found", long, n)
+	}
+	if !strings.Contains(ib.Schema(), `"`+schema+`"."`+long+`"`) {
+		t.Fatalf("Schema names another table:\n%s", ib.Schema())
+	}
+}

@@ -44,8 +44,9 @@ func ParseTable(name string) (Table, error) {
 	return Table{Quoted: q, Base: table, Name: name}, nil
 }
 
-// Index returns the quoted name of the table's index with suffix; PostgreSQL
-// puts an index in its table's schema, so the name is never qualified.
+// Index returns the quoted name of the table's index with suffix (at most
+// 15 bytes, to stay under PostgreSQL's 63); PostgreSQL puts an index in its
+// table's schema, so the name is never qualified.
 func (t Table) Index(suffix string) string { return `"` + t.Base + "_" + suffix + `"` }
 
 // Passwords may sit in a URL (postgres://user:secret@host/db) or in a
