@@ -22,9 +22,10 @@ import (
 // defaultDSN is the PostgreSQL scripts/postgres.sh starts.
 const defaultDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
-// rawWindow is how many publishes raw keeps awaiting their confirms: the
-// relay's default batch, so both pipeline as deeply.
-const rawWindow = 200
+// rawWindow is how many publishes raw keeps awaiting their confirms: a
+// relay worker's default batch (outbox.WithBatchSize), so that raw
+// pipelines at least as deeply as one worker does.
+const rawWindow = 500
 
 // enqueueBatch is how many rows one set-up transaction enqueues.
 const enqueueBatch = 500
@@ -84,7 +85,7 @@ func measureOutbox(ctx context.Context, e *env) (_ *OutboxResult, err error) {
 	c := &Comparison{Baseline: "raw-confirmed", Messages: n, Rounds: e.cfg.Rounds}
 	results := []VariantResult{
 		{Name: "raw-confirmed", About: fmt.Sprintf("amqp091-go: one channel in confirm mode, mandatory, persistent, %d-byte bodies, up to %d publishes awaiting their deferred confirms", len(b.body), rawWindow)},
-		{Name: "outbox-relay", About: "outbox.Relay with its defaults (batches of 200 rows claimed FOR UPDATE SKIP LOCKED, published through publisher.Publisher with up to 200 awaiting confirms, marked sent in the same transaction), draining a backlog of committed rows; timed from Run to the last row's sent_at"},
+		{Name: "outbox-relay", About: "outbox.Relay with its defaults (2 workers, each claiming batches of 500 rows FOR UPDATE SKIP LOCKED, publishing them through publisher.Publisher and marking them sent in the claiming transaction), draining a backlog of committed rows; timed from Run to the last row's sent_at"},
 	}
 	for round := 1; round <= e.cfg.Rounds; round++ {
 		for i, run := range []func(context.Context, int, int) (Sample, error){b.raw, b.relay} {
