@@ -6,6 +6,7 @@
 #               then a short fuzz of every target
 # and, for numbers and long runs:
 #   make bench      the benchmark program (bench/): a markdown report, bench/results/
+#                   (its outbox section on PostgreSQL too)
 #   make soak       the long fault-injection soak (200,000 messages)
 #   make vulncheck  govulncheck on every module
 #   make suite      the broker-backed suite once, against $$AMQP_URL (and the node
