@@ -44,10 +44,10 @@ const rollbackEvery = 10
 const routingKey = "order.created"
 
 // TestOutboxEndToEnd: 20,000 orders (AMQPRETRY_E2E_ORDERS), each written
-// with its message in one transaction, a tenth of them rolled back. A relay
-// in a child process publishes through a proxy that cuts its connection
-// every 2 s; it is SIGKILLed once and started again; the broker's app stops
-// and starts once. A listener behind a proxy of its own, cut as often,
+// with its message in one transaction, a tenth of them rolled back. Two
+// relays, each in a child process, publish through a proxy that cuts their
+// connections every 2 s; one is SIGKILLed once and started again; the
+// broker's app stops and starts once. A listener behind a proxy of its own, cut as often,
 // records each order's effect through the inbox. At the end every committed
 // order has its effect exactly once, and no rolled-back order has a message
 // or an effect.
@@ -150,7 +150,9 @@ func TestOutboxEndToEnd(t *testing.T) {
 		}
 	}()
 
-	relay := startRelay(t, schema+".outbox", relayURL)
+	// Two relay processes race for the rows (FOR UPDATE SKIP LOCKED); the
+	// first is the one killed.
+	relays := []*relayProcess{startRelay(t, schema+".outbox", relayURL), startRelay(t, schema+".outbox", relayURL)}
 
 	// The writers: orders 0..n-1, each in a transaction with its message;
 	// every tenth rolled back after the Enqueue.
@@ -184,7 +186,7 @@ func TestOutboxEndToEnd(t *testing.T) {
 	}
 
 	// The faults: every 2 s both proxies cut their connections; at a
-	// quarter of the orders the relay is SIGKILLed and started again; at
+	// quarter of the orders the first relay is SIGKILLed and started again; at
 	// half of them the broker's app stops for a few seconds.
 	cuts, kills, restarts := 0, 0, 0
 	relayAccepted, consumerAccepted := relayProxy.Accepted(), consumerProxy.Accepted()
@@ -195,7 +197,7 @@ func TestOutboxEndToEnd(t *testing.T) {
 			t.FailNow()
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not done after %v: %d committed, %s; relay output:\n%s", time.Since(begin).Round(time.Second), committed.Load(), progress(t, db, schema), relay.output())
+			t.Fatalf("not done after %v: %d committed, %s; relays' output:\n%s\n%s", time.Since(begin).Round(time.Second), committed.Load(), progress(t, db, schema), relays[0].output(), relays[1].output())
 		}
 		time.Sleep(200 * time.Millisecond)
 		if time.Since(lastCut) >= 2*time.Second {
@@ -207,9 +209,9 @@ func TestOutboxEndToEnd(t *testing.T) {
 		done := committed.Load() + rolledBack.Load() + failedTx.Load()
 		switch {
 		case kills == 0 && done >= int64(n/4):
-			relay.kill(t)
+			relays[0].kill(t)
 			kills++
-			relay = startRelay(t, schema+".outbox", relayURL)
+			relays[0] = startRelay(t, schema+".outbox", relayURL)
 		case restarts == 0 && kills == 1 && done >= int64(n/2):
 			restartBrokerApp(t)
 			restarts++
@@ -222,7 +224,9 @@ func TestOutboxEndToEnd(t *testing.T) {
 	// Let stragglers (a redelivery whose ack was cut) arrive before judging;
 	// then stop everything, so the counts no longer change.
 	time.Sleep(2 * time.Second)
-	relay.stop(t)
+	for _, r := range relays {
+		r.stop(t)
+	}
 	stop()
 
 	if relayProxy.Accepted() <= relayAccepted+1 || consumerProxy.Accepted() <= consumerAccepted+1 {
@@ -330,7 +334,7 @@ func TestOutboxEndToEnd(t *testing.T) {
 		brokerVersion(t), n, took.Round(100*time.Millisecond), orderRows, rolledBack.Load(), failedTx.Load())
 	t.Logf("broker delivered %d messages for %d orders (%d duplicates, %d flagged redelivered); %d shipments for %d orders: %d missing, %d duplicated; rolled-back orders: %d delivered, %d shipped",
 		totalDelivered, len(delivered), totalDelivered-len(delivered), redelivered, totalEffects, len(effects), missing, duplicated, deliveredOfRolledBack, ofRolledBack)
-	t.Logf("faults: %d rounds of connection cuts (relay's and consumer's), relay SIGKILLed %d time(s) and restarted, broker app restarted %d time(s); outbox: %d rows sent, %d failed publishes retried (max %d for one row)",
+	t.Logf("faults: %d rounds of connection cuts (the relays' and the consumer's), one of the two relay processes SIGKILLed %d time(s) and restarted, broker app restarted %d time(s); outbox: %d rows sent, %d failed publishes retried (max %d for one row)",
 		cuts, kills, restarts, sent, sumTries, maxTries)
 }
 
