@@ -1,6 +1,6 @@
 // Package e2e proves the producer side end to end: orders written with their
-// message in one transaction, a relay process that publishes them through
-// cut connections, is SIGKILLed and restarted, a broker that restarts, and
+// message in one transaction, two relay processes that publish them through
+// cut connections, one SIGKILLed and restarted, a broker that restarts, and
 // consumers that record their effects through the inbox. Every committed
 // order's effect must be there exactly once, and a rolled-back order's never.
 // It holds tests only; the test restarts the broker's app, so it needs the
