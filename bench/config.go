@@ -57,7 +57,7 @@ func defaultConfig() Config {
 		Prefetch:              listener.DefaultPrefetch,
 		Settle:                time.Second,
 		DSN:                   defaultDSN,
-		OutboxMessages:        10000,
+		OutboxMessages:        20000,
 		OutboxLatencyMessages: 500,
 		Out:                   "results",
 		Skip:                  map[string]bool{},
