@@ -24,9 +24,10 @@ import (
 // terminal wants an error, not a hang, when the DSN points nowhere.
 const connectTimeout = 10 * time.Second
 
-// lastErrorWidth is how much of a row's last error list shows; the start
-// says what happened (the broker's NOT_FOUND, NO_ROUTE).
-const lastErrorWidth = 100
+// lastErrorWidth is how much of a row's last error list shows, in the last
+// column: the start says what happened, and the broker's reason (NOT_FOUND,
+// NO_ROUTE) follows the exchange's name, which may be long.
+const lastErrorWidth = 240
 
 // dispatchOutbox runs "outbox list|retry|schema". Every error it returns
 // has been through outbox.Redact by run, so a DSN's password never shows.

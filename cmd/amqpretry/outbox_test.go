@@ -7,16 +7,20 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/outbox"
 	"github.com/amqpretry/amqpretry/outbox/inbox"
+	"github.com/amqpretry/amqpretry/publisher"
 )
 
 // defaultDSN is the database scripts/postgres.sh provides.
@@ -353,5 +357,72 @@ func TestOutboxUsage(t *testing.T) {
 		if code != 2 || !strings.Contains(errOut, tc.want) || !strings.Contains(errOut, "amqpretry outbox schema") {
 			t.Errorf("amqpretry %q: exit %d, %q; want 2, %q and the usage", tc.args, code, errOut, tc.want)
 		}
+	}
+}
+
+// The compensation the seed leaves to a person, with the real relay: a row
+// for an exchange nobody declared fails with the broker's reason; list
+// --failed shows it; once the exchange and a queue bound to it exist,
+// retry puts the row back and the relay delivers it.
+func TestOutboxCompensationWithTheRelay(t *testing.T) {
+	brokertest.Dial(t)
+	db := testDB(t)
+	table := testSchema(t, db) + ".outbox"
+	ob, err := outbox.New(db, outbox.WithTable(table), outbox.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	exchange, queue := brokertest.Name(t, "orders"), brokertest.Name(t, "shipping")
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := ob.Enqueue(context.Background(), tx, exchange, "order.created", amqp.Publishing{MessageId: "order-7", Body: []byte(`{"order":7}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+
+	pub, err := publisher.New(brokertest.URL(), publisher.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- ob.Relay(pub, outbox.WithMaxTries(1), outbox.WithPollInterval(10*time.Millisecond)).Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("the relay: %v", err)
+		}
+	}()
+
+	brokertest.Eventually(t, 10*time.Second, "the row failed by the relay", func() bool { return status(t, db, table, id) == "failed" })
+	code, out, errOut := cli("outbox", "list", "--failed", "--dsn", testDSN(), "--table", table)
+	if code != 0 || !strings.Contains(out, "order-7") || !strings.Contains(out, "does not exist") || !strings.Contains(out, "1 failed row(s)") {
+		t.Fatalf("list --failed: exit %d (%s), want the row and the broker's reason:\n%s", code, errOut, out)
+	}
+
+	brokertest.Exchange(t, exchange, "direct")
+	brokertest.Queue(t, queue, nil)
+	brokertest.Bind(t, queue, exchange, "order.created")
+	if code, out, errOut := cli("outbox", "retry", fmt.Sprint(id), "--dsn", testDSN(), "--table", table); code != 0 {
+		t.Fatalf("retry: exit %d: %s%s", code, out, errOut)
+	}
+	brokertest.Eventually(t, 10*time.Second, "the row sent after the retry", func() bool { return status(t, db, table, id) == "sent" })
+	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), queue)
+	if !ok || d.MessageId != "order-7" || string(d.Body) != `{"order":7}` {
+		t.Errorf("the queue holds %q (%v), want order-7", d.MessageId, ok)
+	}
+	if code, out, _ := cli("outbox", "list", "--failed", "--dsn", testDSN(), "--table", table); code != 0 || !strings.Contains(out, "0 failed row(s)") {
+		t.Errorf("list --failed after the retry: exit %d:\n%s", code, out)
 	}
 }
