@@ -110,3 +110,26 @@ func (o *Outbox) RetryAllFailed(ctx context.Context) (int, error) {
 	}
 	return int(n), nil
 }
+
+// Counts returns how many rows are in each status, for a summary (a row
+// count per status, no other state).
+func (o *Outbox) Counts(ctx context.Context) (map[Status]int64, error) {
+	rows, err := o.db.QueryContext(ctx, `SELECT status, count(*) FROM `+o.cfg.table.Quoted+` GROUP BY status`)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: count %s: %w", o.cfg.table.Name, pgsql.RedactErr(err))
+	}
+	defer rows.Close()
+	out := map[Status]int64{StatusInFlight: 0, StatusSent: 0, StatusFailed: 0}
+	for rows.Next() {
+		var s Status
+		var n int64
+		if err := rows.Scan(&s, &n); err != nil {
+			return nil, fmt.Errorf("outbox: count %s: %w", o.cfg.table.Name, pgsql.RedactErr(err))
+		}
+		out[s] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: count %s: %w", o.cfg.table.Name, pgsql.RedactErr(err))
+	}
+	return out, nil
+}

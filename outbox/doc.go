@@ -54,6 +54,13 @@
 // try goes behind newer rows; WithWorkers(1) and WithConcurrency(1) give
 // strict order of first sends, at a fraction of the throughput.
 //
+// A publish that is not confirmed counts as a try even when the broker,
+// not the message, is at fault: rows pending through a broker outage longer
+// than their schedule (about 13 minutes with the defaults: ten tries of up
+// to WithPublishTimeout each, with backoff between) become failed. They are
+// kept: RetryAllFailed sends them once the broker is back, or raise
+// WithMaxTries.
+//
 // A database that fails is logged (with any password in the text hidden;
 // see Redact), waited out with backoff, and resumed from: Run returns only
 // when its context ends (nil) or the publisher was closed under it.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"log/slog"
 	"regexp"
 	"slices"
 	"strings"
@@ -215,6 +216,9 @@ func TestRefusedRowsFailThenRetryByHand(t *testing.T) {
 			if err != nil || len(failed) != 1 || failed[0].ID != id {
 				t.Fatalf("List(Failed) = %v, %v; want the one failed row", failed, err)
 			}
+			if counts, err := ob.Counts(context.Background()); err != nil || counts[outbox.StatusFailed] != 1 || counts[outbox.StatusInFlight] != 0 {
+				t.Fatalf("Counts = %v, %v; want one failed row", counts, err)
+			}
 			if err := ob.Retry(context.Background(), id+1000); !errors.Is(err, outbox.ErrNotFound) {
 				t.Fatalf("Retry of a missing row: %v, want ErrNotFound", err)
 			}
@@ -394,5 +398,27 @@ func TestLongestTableName(t *testing.T) {
 		if err := db.QueryRow(`SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = $2`, schema, long+suffix).Scan(&n); err != nil || n != 1 {
 			t.Errorf("index %s%s: %d found (%v)", long, suffix, n, err)
 		}
+	}
+}
+
+// A relay started before Migrate says what to do, and starts sending once
+// the table exists.
+func TestRelayBeforeMigrate(t *testing.T) {
+	db := dbtest.DB(t)
+	schema := dbtest.Schema(t, db)
+	logs := &syncBuffer{}
+	ob, err := outbox.New(db, outbox.WithTable(schema+".outbox"), outbox.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, deliveries := queue(t)
+	start(t, ob.Relay(newPublisher(t)))
+	eventually(t, 10*time.Second, "the relay says to migrate", func() bool { return strings.Contains(logs.String(), "run Outbox.Migrate") })
+	if err := ob.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "after-migrate"})
+	if d := receive(t, deliveries, 30*time.Second); d.MessageId != "after-migrate" {
+		t.Fatalf("got %q", d.MessageId)
 	}
 }

@@ -123,7 +123,12 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 			}
 			outages++
 			wait := backoff(outages, outageBackoffInitial, outageBackoffMax)
-			log.Warn("outbox relay: cannot reach the outbox table; waiting", "worker", worker, "error", pgsql.Redact(err.Error()), "retry_in", wait, "failures", outages)
+			if pgsql.UndefinedTable(err) {
+				log.Error("outbox relay: the outbox table does not exist: run Outbox.Migrate, or apply Outbox.Schema; waiting",
+					"worker", worker, "error", pgsql.Redact(err.Error()), "retry_in", wait)
+			} else {
+				log.Warn("outbox relay: cannot reach the outbox table; waiting", "worker", worker, "error", pgsql.Redact(err.Error()), "retry_in", wait, "failures", outages)
+			}
 			if !sleep(ctx, wait) {
 				return nil
 			}

@@ -6,6 +6,7 @@ package pgsql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -83,6 +84,14 @@ func RedactErr(err error) error {
 		return nil
 	}
 	return &RedactedError{Err: err}
+}
+
+// UndefinedTable reports whether err is PostgreSQL's 42P01, "relation does
+// not exist", as any driver whose errors have a SQLState method (pgx,
+// lib/pq) reports it.
+func UndefinedTable(err error) bool {
+	var coded interface{ SQLState() string }
+	return errors.As(err, &coded) && coded.SQLState() == "42P01"
 }
 
 // Migrate runs ddl in one transaction, under an advisory lock named after
