@@ -211,7 +211,12 @@ func listRows(ctx context.Context, ob *outbox.Outbox, failed bool, limit int, st
 	if failed {
 		which = "failed row(s)"
 	}
-	fmt.Fprintf(stdout, "%d %s shown from %s, oldest first (at most %d: --limit)\n", len(rows), which, ob.Table(), limit)
+	counts, err := ob.Counts(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%d %s shown from %s, oldest first (at most %d: --limit); the table holds %d in flight, %d sent, %d failed\n",
+		len(rows), which, ob.Table(), limit, counts[outbox.StatusInFlight], counts[outbox.StatusSent], counts[outbox.StatusFailed])
 	if failed && len(rows) > 0 {
 		fmt.Fprintln(stdout, "fix the cause (a missing exchange or binding), then: amqpretry outbox retry ID, or --all-failed")
 	}

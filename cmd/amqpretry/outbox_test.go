@@ -147,7 +147,7 @@ func TestOutboxListAndRetry(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("list: exit %d: %s", code, errOut)
 	}
-	for _, want := range []string{"ID", "STATUS", "LAST ERROR", "order-1", "order-3", "in_flight", "failed", "NOT_FOUND - no exchange", "4 row(s) shown from " + table} {
+	for _, want := range []string{"ID", "STATUS", "LAST ERROR", "order-1", "order-3", "in_flight", "failed", "NOT_FOUND - no exchange", "4 row(s) shown from " + table, "the table holds 2 in flight, 0 sent, 2 failed"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("list lacks %q:\n%s", want, out)
 		}
