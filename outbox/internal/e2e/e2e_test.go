@@ -516,7 +516,11 @@ func runRelayChild(t *testing.T, cfg string) {
 		if time.Now().After(deadline) {
 			t.Fatal(err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	defer pub.Close()
 	ob, err := outbox.New(db, outbox.WithTable(table), outbox.WithLogger(log))
