@@ -7,6 +7,7 @@
 #               then a short fuzz of every target
 # and, for numbers and long runs:
 #   make bench      the benchmark program (bench/): a markdown report, bench/results/
+#                   (its outbox section on PostgreSQL too)
 #   make soak       the long fault-injection soak (200,000 messages)
 #   make vulncheck  govulncheck on every module
 #   make suite      the broker-backed suite once, against $$AMQP_URL (and the node
@@ -24,10 +25,10 @@ GO ?= go
 BIN := $(CURDIR)/.bin
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
-# Modules with their own go.mod: the library, programs that use it, and the
-# outbox/inbox (a module of its own so that its database driver stays out of
-# the library's go.mod).
-MODULES := . examples bench outbox
+# Modules with their own go.mod: the library, programs that use it, the
+# outbox/inbox and the CLI (modules of their own so that their database
+# driver stays out of the library's go.mod).
+MODULES := . examples bench outbox cmd/amqpretry
 
 # The oldest Go the library supports. `go mod tidy` raises a module's go line
 # when it picks a newer dependency (otel past v1.41 needs Go 1.26): the
@@ -81,10 +82,12 @@ suite:
 	@echo "== suite on $$(AMQP_URL="$(AMQP_URL)" $(BIN)/brokercheck -describe || echo "$(AMQP_URL), which does not answer")"
 	@$(MAKE) --no-print-directory unit reliability
 
-# About two minutes: throughput against raw amqp091-go and Watermill, a
-# poison flood, scale-up, the retry schedule. Writes bench/results/.
-bench: broker
-	cd bench && $(GO) run . -out results
+# About two and a half minutes: throughput against raw amqp091-go and Watermill, a
+# poison flood, scale-up, the retry schedule, the outbox relay against raw
+# confirmed publishing and its commit-to-publish latency (on PostgreSQL).
+# Writes bench/results/.
+bench: broker postgres
+	cd bench && DATABASE_URL='$(DATABASE_URL)' $(GO) run . -out results
 
 broker:
 	@AMQP_URL=$(URL_3) scripts/broker.sh
@@ -140,6 +143,7 @@ vet:
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
 	@$(GO) vet -tags disruptive ./internal/reliability
 	@$(GO) vet -tags cluster ./internal/reliability
+	@cd outbox && $(GO) vet -tags disruptive ./internal/e2e
 
 $(STATICCHECK):
 	@mkdir -p $(BIN)
@@ -150,6 +154,7 @@ staticcheck: $(STATICCHECK)
 	@for m in $(MODULES); do (cd $$m && $(STATICCHECK) ./...); done
 	@$(STATICCHECK) -tags disruptive ./internal/reliability
 	@$(STATICCHECK) -tags cluster ./internal/reliability
+	@cd outbox && $(STATICCHECK) -tags disruptive ./internal/e2e
 
 # AMQPRETRY_REQUIRE_BROKER=1 and AMQPRETRY_REQUIRE_DB=1: a test that needs the
 # broker or PostgreSQL fails instead of skipping.
@@ -159,9 +164,12 @@ unit:
 	  $(GO) test -race -count=1 ./...); done
 
 # Tests that stop the broker's app run alone, after the others: a restart
-# would pull the broker from under tests running in parallel.
+# would pull the broker from under tests running in parallel. The outbox's
+# end-to-end test (20,000 orders through a killed relay process, a restarted
+# broker and the inbox, about a minute) needs PostgreSQL too.
 reliability:
 	@AMQPRETRY_REQUIRE_BROKER=1 $(GO) test -race -count=1 -tags disruptive -timeout 8m -run 'Soak' -v ./internal/reliability | grep -E '^(---|===|ok|FAIL|PASS)|soak_test' || (echo "reliability suite failed on $(AMQP_URL)"; exit 1)
+	@cd outbox && AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_REQUIRE_DB=1 DATABASE_URL='$(DATABASE_URL)' $(GO) test -race -count=1 -tags disruptive -timeout 5m -run 'OutboxEndToEnd' -v ./internal/e2e | grep -E '^(---|===|ok|FAIL|PASS)|e2e_test' || (echo "outbox end-to-end test failed on $(AMQP_URL)"; exit 1)
 
 fuzz:
 	@log=$$(mktemp); marker=$$(mktemp); trap 'rm -f $$log $$marker' EXIT; \

@@ -17,9 +17,10 @@ const (
 	sectionSchedule   = "schedule"
 	sectionScale      = "scale"
 	sectionChain      = "chain"
+	sectionOutbox     = "outbox"
 )
 
-var sections = []string{sectionThroughput, sectionPoison, sectionSchedule, sectionScale, sectionChain}
+var sections = []string{sectionThroughput, sectionPoison, sectionSchedule, sectionScale, sectionChain, sectionOutbox}
 
 // Config is everything one run needs. main fills it from flags; the smoke
 // test fills it with tiny numbers.
@@ -34,23 +35,32 @@ type Config struct {
 	// Settle is the pause after filling a queue: the broker is still
 	// deleting the previous run's queue and paging messages in.
 	Settle time.Duration
-	Out    string          // where results.json and throughput.png go
-	Skip   map[string]bool // section and variant names
-	Stdout io.Writer       // the markdown report
-	Log    io.Writer       // progress
+	// DSN is the PostgreSQL of the outbox section.
+	DSN string
+	// OutboxMessages is the backlog each outbox throughput run drains;
+	// OutboxLatencyMessages the orders of the latency run.
+	OutboxMessages        int
+	OutboxLatencyMessages int
+	Out                   string          // where results.json and throughput.png go
+	Skip                  map[string]bool // section and variant names
+	Stdout                io.Writer       // the markdown report
+	Log                   io.Writer       // progress
 }
 
 func defaultConfig() Config {
 	return Config{
-		URL:          defaultURL,
-		Rounds:       3,
-		Messages:     30000,
-		ScaleBacklog: 3000,
-		Consumers:    2,
-		Prefetch:     listener.DefaultPrefetch,
-		Settle:       time.Second,
-		Out:          "results",
-		Skip:         map[string]bool{},
+		URL:                   defaultURL,
+		Rounds:                3,
+		Messages:              30000,
+		ScaleBacklog:          3000,
+		Consumers:             2,
+		Prefetch:              listener.DefaultPrefetch,
+		Settle:                time.Second,
+		DSN:                   defaultDSN,
+		OutboxMessages:        20000,
+		OutboxLatencyMessages: 500,
+		Out:                   "results",
+		Skip:                  map[string]bool{},
 	}
 }
 
@@ -82,6 +92,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("-poison-messages expects at least 0 (as -messages), got %d", c.PoisonMessages)
 	case c.ScaleBacklog < 1:
 		return fmt.Errorf("-scale-backlog expects at least 1, got %d", c.ScaleBacklog)
+	case c.OutboxMessages < 1:
+		return fmt.Errorf("-outbox-messages expects at least 1, got %d", c.OutboxMessages)
+	case c.OutboxLatencyMessages < 1:
+		return fmt.Errorf("-outbox-latency-messages expects at least 1, got %d", c.OutboxLatencyMessages)
 	case c.Out == "":
 		return fmt.Errorf("-out expects a directory")
 	}

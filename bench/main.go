@@ -1,11 +1,13 @@
 // Command bench measures amqpretry against raw amqp091-go and Watermill on a
 // live RabbitMQ broker: happy-path throughput, a poison flood to the DLQ, the
-// retry schedule's accuracy, the listener's scale-up time, and the chain's
-// per-message overhead. It prints a markdown report and writes
+// retry schedule's accuracy, the listener's scale-up time, the chain's
+// per-message overhead, and the outbox relay against raw confirmed
+// publishing with its commit-to-publish latency (on PostgreSQL, $DATABASE_URL). It prints a markdown report and writes
 // results.json (every sample) and throughput.png into -out.
 //
 //	make bench                           # the broker, then the defaults below
 //	go run . -rounds 1 -messages 5000 -skip schedule,watermill
+//	go run . -out /tmp/outbox -skip throughput,poison,schedule,scale,chain   # the outbox alone
 //
 // Throughput runs are interleaved (raw, listener, listener-otel, watermill,
 // raw, ...) and reported as medians: the broker shares the machine, and a
@@ -28,12 +30,17 @@ func main() {
 	if u := os.Getenv("AMQP_URL"); u != "" {
 		cfg.URL = u
 	}
+	if u := os.Getenv("DATABASE_URL"); u != "" {
+		cfg.DSN = u
+	}
 	cfg.Stdout, cfg.Log = os.Stdout, os.Stderr
 	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "interleaved rounds per comparison; medians are reported")
 	flag.IntVar(&cfg.Messages, "messages", cfg.Messages, "messages per happy-path run")
 	flag.IntVar(&cfg.PoisonMessages, "poison-messages", cfg.PoisonMessages, "messages per poison-flood run (0: as -messages)")
 	flag.IntVar(&cfg.ScaleBacklog, "scale-backlog", cfg.ScaleBacklog, "ready messages when the scale-up test starts")
 	flag.DurationVar(&cfg.Settle, "settle", cfg.Settle, "pause after filling a queue, before measuring")
+	flag.IntVar(&cfg.OutboxMessages, "outbox-messages", cfg.OutboxMessages, "rows per outbox throughput run (relay and raw publish as many)")
+	flag.IntVar(&cfg.OutboxLatencyMessages, "outbox-latency-messages", cfg.OutboxLatencyMessages, "orders committed one by one for the commit-to-publish latency")
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "directory for results.json and throughput.png")
 	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(variantNames())+") to leave out")
 	flag.Parse()
@@ -104,6 +111,12 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 		cfg.logf("scale-up: %d → %d consumers", scaleFrom, scaleTo)
 		if r.ScaleUp, err = measureScaleUp(ctx, e); err != nil {
 			return nil, fmt.Errorf("scale-up: %w", err)
+		}
+	}
+	if !cfg.Skip[sectionOutbox] {
+		cfg.logf("outbox: relay against raw confirmed publishing, %d messages", cfg.OutboxMessages)
+		if r.Outbox, err = measureOutbox(ctx, e); err != nil {
+			return nil, fmt.Errorf("outbox: %w", err)
 		}
 	}
 	if !cfg.Skip[sectionSchedule] {

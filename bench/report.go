@@ -20,6 +20,7 @@ type Results struct {
 	Schedule   *Schedule      `json:"retry_schedule,omitempty"`
 	ScaleUp    *ScaleUp       `json:"scale_up,omitempty"`
 	Chain      *ChainOverhead `json:"chain_overhead,omitempty"`
+	Outbox     *OutboxResult  `json:"outbox,omitempty"`
 	WallSecs   float64        `json:"wall_seconds"`
 }
 
@@ -127,6 +128,14 @@ func writeMarkdown(w io.Writer, r *Results) {
 		fmt.Fprintf(w, "| handler directly | %.1f | %d | %d |\n", c.Direct.NsPerOp, c.Direct.AllocsPerOp, c.Direct.BytesPerOp)
 		fmt.Fprintf(w, "| through the chain | %.1f | %d | %d |\n", c.Chain.NsPerOp, c.Chain.AllocsPerOp, c.Chain.BytesPerOp)
 		fmt.Fprintf(w, "\nOverhead: %.0f ns and %d allocations per message.\n\n", c.Chain.NsPerOp-c.Direct.NsPerOp, c.Chain.AllocsPerOp-c.Direct.AllocsPerOp)
+	}
+	if o := r.Outbox; o != nil {
+		fmt.Fprintf(w, "## Outbox: the relay draining %d committed rows against raw confirmed publishing of as many (median of %d rounds)\n\n",
+			o.Throughput.Messages, o.Throughput.Rounds)
+		writeComparison(w, o.Throughput)
+		l := o.Latency
+		fmt.Fprintf(w, "Commit to confirmed publish (the row's sent_at), %d orders committed one by one at %.0f/s, relay polling every %.0fms: "+
+			"p50 %.1fms, p90 %.1fms, p99 %.1fms, max %.1fms.\n\n", l.Messages, l.RatePerSec, l.PollIntervalMS, l.P50MS, l.P90MS, l.P99MS, l.MaxMS)
 	}
 	fmt.Fprintf(w, "Total wall time %.0fs.\n", r.WallSecs)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -31,6 +32,30 @@ func requireBroker(t *testing.T) string {
 	return url
 }
 
+// requireDB returns the PostgreSQL DSN of the outbox section, or "" (and the
+// section is skipped) without one; under AMQPRETRY_REQUIRE_DB=1 (make test)
+// a missing database fails the test instead.
+func requireDB(t *testing.T) string {
+	t.Helper()
+	dsn := defaultDSN
+	if u := os.Getenv("DATABASE_URL"); u != "" {
+		dsn = u
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err == nil {
+		err = db.Ping()
+		_ = db.Close()
+	}
+	if err != nil {
+		if os.Getenv("AMQPRETRY_REQUIRE_DB") == "1" {
+			t.Fatalf("no PostgreSQL for the outbox section: %v", err)
+		}
+		t.Logf("no PostgreSQL, so no outbox section: %v", err)
+		return ""
+	}
+	return dsn
+}
+
 // TestSmoke runs the whole program end to end with tiny numbers and one
 // round, leaving out only the 15-second retry schedule.
 func TestSmoke(t *testing.T) {
@@ -40,6 +65,10 @@ func TestSmoke(t *testing.T) {
 	cfg.Settle = 0
 	cfg.Out = t.TempDir()
 	cfg.Skip = map[string]bool{sectionSchedule: true}
+	cfg.OutboxMessages, cfg.OutboxLatencyMessages = 300, 20
+	if cfg.DSN = requireDB(t); cfg.DSN == "" {
+		cfg.Skip[sectionOutbox] = true
+	}
 	var out bytes.Buffer
 	cfg.Stdout = &out
 
@@ -66,6 +95,14 @@ func TestSmoke(t *testing.T) {
 	}
 	if res.Chain == nil || res.Chain.Chain.NsPerOp <= 0 {
 		t.Errorf("chain overhead: %+v", res.Chain)
+	}
+	if !cfg.Skip[sectionOutbox] {
+		if o := res.Outbox; o == nil || len(o.Throughput.Variants) != 2 || o.Throughput.Variants[1].MedianMsgPerSec <= 0 ||
+			o.Throughput.Variants[1].RatioToBaseline <= 0 || o.Latency.P99MS <= 0 || o.Latency.P50MS > o.Latency.P99MS {
+			t.Errorf("outbox: %+v", res.Outbox)
+		} else if !strings.Contains(out.String(), "| outbox-relay |") || !strings.Contains(out.String(), "Commit to confirmed publish") {
+			t.Errorf("the report lacks the outbox section:\n%s", out.String())
+		}
 	}
 	if res.Schedule != nil {
 		t.Error("the skipped retry schedule ran")

@@ -1,9 +1,21 @@
-// Command amqpretry inspects and repairs dead-letter queues.
+// Command amqpretry inspects and repairs dead-letter queues and outbox
+// tables.
 //
 //	amqpretry dlq list    QUEUE [--limit N]                 a table of the first N messages (100), left in place
 //	amqpretry dlq show    QUEUE [--index N | --id ID]       one message in full, left in place
 //	amqpretry dlq replay  QUEUE [--limit N] [--match RE] [--to QUEUE | --to-original-exchange]
 //	amqpretry dlq purge   QUEUE --yes                       delete every message
+//
+//	amqpretry outbox list   [--failed] [--limit N]          the outbox's rows, oldest first (100)
+//	amqpretry outbox retry  ID | --all-failed               put failed rows back in flight
+//	amqpretry outbox schema [--inbox-table NAME]            the DDL of the outbox and inbox tables
+//
+// The outbox commands reach PostgreSQL through --dsn, else $DATABASE_URL
+// (postgres://user:password@host:5432/db or host=... keyword/value form), and
+// work on --table (default amqpretry_outbox); schema only prints and needs
+// no database. A password in a DSN is never printed: every error goes
+// through outbox.Redact. A row's exchange, routing key, message id and last
+// error are escaped as a dead letter's fields are.
 //
 // The broker is --url, else $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/;
 // for a cluster, the nodes' URLs separated by commas (tried in a random order).
@@ -21,7 +33,13 @@
 // escape line breaks too; show keeps those of the body and of string headers
 // (stack traces), indenting a header's further lines, and shows a binary body
 // as a hex dump of its first 1024 bytes.
-// Exit status: 0 done, 1 the broker or the queue failed, 2 wrong usage.
+// Exit status: 0 done, 1 the broker, the queue, the database or the row
+// failed, 2 wrong usage.
+//
+// The command is a module of its own, so that its PostgreSQL driver stays out
+// of the library's go.mod; its go.mod points at the library and the outbox
+// beside it in the checkout (replace directives, which go install of a
+// version refuses): build it there, with cd cmd/amqpretry && go build.
 package main
 
 import (
@@ -45,6 +63,7 @@ import (
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
+	"github.com/amqpretry/amqpretry/outbox"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
@@ -54,9 +73,14 @@ const usage = `usage:
   amqpretry dlq show    QUEUE [--index N | --id MESSAGE_ID]
   amqpretry dlq replay  QUEUE [--limit N] [--match REGEXP] [--to QUEUE | --to-original-exchange]
   amqpretry dlq purge   QUEUE --yes
-flags for every command: --url URL[,URL...] (default $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/;
+flags for every dlq command: --url URL[,URL...] (default $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/;
   several: the nodes of a cluster),
   --header-prefix PREFIX (default x-amqpretry-)
+
+  amqpretry outbox list   [--failed] [--limit N (100)]
+  amqpretry outbox retry  ID | --all-failed
+  amqpretry outbox schema [--inbox-table NAME (amqpretry_inbox)]
+flags for every outbox command: --dsn DSN (default $DATABASE_URL), --table NAME (default amqpretry_outbox)
 `
 
 func main() {
@@ -70,21 +94,26 @@ var errUsage = errors.New("usage")
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	err := dispatch(ctx, args, stdout, stderr)
-	switch {
-	case err == nil:
+	if err == nil {
 		return 0
-	case errors.Is(err, errUsage):
-		fmt.Fprintf(stderr, "amqpretry: %v\n%s", err, usage)
-		return 2
-	default:
-		fmt.Fprintf(stderr, "amqpretry: %v\n", err)
-		return 1
 	}
+	// A DSN, unlike an AMQP URL, reaches errors unredacted (a driver may
+	// quote it): whatever the error says is redacted here, once for all.
+	text := outbox.Redact(err.Error())
+	if errors.Is(err, errUsage) {
+		fmt.Fprintf(stderr, "amqpretry: %s\n%s", text, usage)
+		return 2
+	}
+	fmt.Fprintf(stderr, "amqpretry: %s\n", text)
+	return 1
 }
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) >= 1 && args[0] == "outbox" {
+		return dispatchOutbox(ctx, args[1:], stdout)
+	}
 	if len(args) < 2 || args[0] != "dlq" {
-		return fmt.Errorf("%w: expected \"dlq list|show|replay|purge QUEUE\"", errUsage)
+		return fmt.Errorf("%w: expected \"dlq list|show|replay|purge QUEUE\" or \"outbox list|retry|schema\"", errUsage)
 	}
 	cmd := args[1]
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
