@@ -312,9 +312,11 @@ func TestClosedPublisherStopsTheRelay(t *testing.T) {
 }
 
 // Large messages are claimed a few at a time, under WithMaxBatchBytes, and
-// all are sent.
+// all are sent, one pass after the other: a batch cut short by its bytes
+// is not a sign that nothing more is due, so the relay does not wait its
+// poll interval (a minute here) before the next.
 func TestLargeMessagesAreBatchedByBytes(t *testing.T) {
-	ob, db, _ := setup(t, outbox.WithWorkers(1), outbox.WithMaxBatchBytes(5<<19)) // 2.5 MiB
+	ob, db, _ := setup(t, outbox.WithWorkers(1), outbox.WithMaxBatchBytes(5<<19), outbox.WithPollInterval(time.Minute)) // 2.5 MiB
 	q, deliveries := queue(t)
 	for i := range 6 {
 		enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: strconv.Itoa(i), Body: make([]byte, 1<<20)})

@@ -110,7 +110,7 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 			r.cleanup(ctx)
 			nextCleanup = time.Now().Add(r.cfg.cleanupEvery)
 		}
-		n, err := r.pass(ctx)
+		more, err := r.pass(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -142,7 +142,7 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 			log.Info("outbox relay: the outage is over; resumed", "worker", worker, "after", since(outageStart), "failures", outages)
 			outages = 0
 		}
-		if n < r.cfg.batchSize && !sleep(ctx, r.cfg.pollInterval) {
+		if !more && !sleep(ctx, r.cfg.pollInterval) {
 			return nil
 		}
 	}
@@ -162,9 +162,10 @@ type claimed struct {
 }
 
 // pass claims due rows, publishes them and records the outcome, in one
-// transaction, and returns how many rows it claimed. The row locks keep any
+// transaction, and reports whether more rows may be due: it locked a full
+// batch, or WithMaxBatchBytes cut the batch short. The row locks keep any
 // other relay off these rows until the outcome is committed.
-func (r *Relay) pass(ctx context.Context) (int, error) {
+func (r *Relay) pass(ctx context.Context) (more bool, err error) {
 	// The transaction outlives a cancelled ctx by up to one publish and one
 	// statement, so that confirms already received are recorded: a row
 	// confirmed but not marked would be sent again.
@@ -172,13 +173,13 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 	defer cancel()
 	tx, err := r.o.db.BeginTx(txCtx, nil)
 	if err != nil {
-		return 0, pgsql.RedactErr(err)
+		return false, pgsql.RedactErr(err)
 	}
 	defer func() { _ = tx.Rollback() }() // after Commit, a no-op
 
-	rows, err := r.claim(ctx, tx)
+	rows, locked, err := r.claim(ctx, tx)
 	if err != nil || len(rows) == 0 {
-		return 0, err
+		return false, err
 	}
 	r.publish(ctx, rows)
 
@@ -186,17 +187,17 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 	defer cancelStmt()
 	halt, err := r.record(ctx, stmtCtx, tx, rows)
 	if err != nil {
-		return 0, err
+		return false, err
 	}
 	if err := tx.Commit(); err != nil {
 		r.cfg.logger.Warn("outbox relay: commit failed; confirmed rows stay in flight and will be sent again (consumers deduplicate on MessageId)",
 			"table", r.cfg.table.Name, "rows", len(rows), "error", pgsql.Redact(err.Error()))
-		return 0, pgsql.RedactErr(err)
+		return false, pgsql.RedactErr(err)
 	}
-	if halt != nil {
-		return len(rows), halt
-	}
-	return len(rows), nil
+	// A batch that WithMaxBatchBytes cut short left due rows behind: the
+	// worker must not wait a poll interval before taking them.
+	more = locked >= r.cfg.batchSize || len(rows) < locked
+	return more, halt
 }
 
 // brokerUnreachableError: publishes of a pass found the publisher without a
@@ -222,7 +223,7 @@ var errNotRead = errors.New("outbox: the row's message could not be read back in
 
 // claim locks up to a batch of due rows, then reads the messages of those
 // that fit WithMaxBatchBytes.
-func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*claimed, error) {
+func (r *Relay) claim(ctx context.Context, tx *sql.Tx) (rows []*claimed, locked int, err error) {
 	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	rs, err := tx.QueryContext(qctx, `SELECT id, message_id, exchange, routing_key, retried_count,
@@ -231,7 +232,7 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*claimed, error) {
 	WHERE status = 'in_flight' AND next_retry_at <= now()
 	ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, r.cfg.batchSize)
 	if err != nil {
-		return nil, pgsql.RedactErr(err)
+		return nil, 0, pgsql.RedactErr(err)
 	}
 	defer rs.Close()
 	var out []*claimed
@@ -242,8 +243,9 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*claimed, error) {
 		c := &claimed{bad: errNotRead}
 		var size int64
 		if err := rs.Scan(&c.id, &c.messageID, &c.exchange, &c.key, &c.tries, &size); err != nil {
-			return nil, pgsql.RedactErr(err)
+			return nil, 0, pgsql.RedactErr(err)
 		}
+		locked++
 		if total += size; len(out) > 0 && total > r.cfg.maxBatchBytes {
 			continue // locked until this pass commits, then due again
 		}
@@ -252,23 +254,23 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*claimed, error) {
 		ids = append(ids, strconv.FormatInt(c.id, 10))
 	}
 	if err := rs.Err(); err != nil {
-		return nil, pgsql.RedactErr(err)
+		return nil, 0, pgsql.RedactErr(err)
 	}
 	rs.Close()
 	if len(out) == 0 {
-		return nil, nil
+		return nil, 0, nil
 	}
 	rs, err = tx.QueryContext(qctx, `SELECT id, properties, body FROM `+r.cfg.table.Quoted+
 		` WHERE id = ANY($1::bigint[])`, "{"+strings.Join(ids, ",")+"}")
 	if err != nil {
-		return nil, pgsql.RedactErr(err)
+		return nil, 0, pgsql.RedactErr(err)
 	}
 	defer rs.Close()
 	for rs.Next() {
 		var id int64
 		var props, body []byte
 		if err := rs.Scan(&id, &props, &body); err != nil {
-			return nil, pgsql.RedactErr(err)
+			return nil, 0, pgsql.RedactErr(err)
 		}
 		c := byID[id]
 		c.msg, c.bad = decodeProperties(props)
@@ -276,9 +278,9 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*claimed, error) {
 		c.msg.Body = body
 	}
 	if err := rs.Err(); err != nil {
-		return nil, pgsql.RedactErr(err)
+		return nil, 0, pgsql.RedactErr(err)
 	}
-	return out, nil
+	return out, locked, nil
 }
 
 // publish sends the rows in id order, up to the concurrency limit awaiting
