@@ -45,6 +45,9 @@ func Recover(r Recoverer) Middleware {
 		panic("middleware: Recover expects a non-nil Recoverer")
 	}
 	return func(next Handler) Handler {
+		// The listener surveys the chain as it builds it: deliveries past
+		// their redelivery limit go to r without running the chain.
+		chainctx.RecovererBuilt(r)
 		return func(ctx context.Context, d *amqp.Delivery) error {
 			err := next(ctx, d)
 			if err == nil || errors.Is(err, ErrInterrupted) {
