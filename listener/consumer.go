@@ -38,6 +38,12 @@ type consumer struct {
 	consuming atomic.Bool
 	stopping  atomic.Bool // the listener cancelled it: requeue what still arrives
 
+	// careful: a consumer at prefetch 1 while returned messages come back
+	// (redelivery.go); it tells calm when a fresh one arrives.
+	careful  bool
+	calm     chan<- struct{}
+	handOver atomic.Bool // stopped as careful ends: handle what still arrives, do not nack it
+
 	current        atomic.Pointer[delivery] // the one the reader is handling
 	parked         parkedList               // those waiting between attempts, oldest first
 	prefetchWarned bool                     // watchAges's: the prefetch warning was given
@@ -62,13 +68,20 @@ func monotime() int64 { return telemetry.Mono() }
 // startConsumer opens a channel, sets its prefetch and starts consuming.
 // ended receives the consumer once, when it stops without being asked to
 // (broker cancel, channel closed), so that serve can replace it.
-func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consumer) (*consumer, error) {
+//
+// With calm non-nil it is a careful consumer: prefetch 1, and a signal on calm
+// when a message arrives that was never delivered before.
+func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consumer, calm chan<- struct{}) (*consumer, error) {
 	l := sv.l
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, err
 	}
-	if err := ch.Qos(l.cfg.prefetch, 0, false); err != nil {
+	prefetch := l.cfg.prefetch
+	if calm != nil {
+		prefetch = 1
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
 		_ = ch.Close()
 		return nil, err
 	}
@@ -81,8 +94,9 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	ctx, cancel := context.WithCancel(sv.handlerCtx)
 	c := &consumer{
 		sv: sv, ch: ch, tag: tag, cancel: cancel,
-		ctx:  sv.chainContext(ctx),
-		gate: make(chan struct{}, 1),
+		ctx:     sv.chainContext(ctx),
+		gate:    make(chan struct{}, 1),
+		careful: calm != nil, calm: calm,
 	}
 	c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
 	c.consuming.Store(true)
@@ -176,11 +190,20 @@ func (c *consumer) spawnReader() {
 func (c *consumer) read() {
 	defer c.sv.consumers.Done()
 	for d := range c.deliveries {
-		if c.stopping.Load() {
+		if c.stopping.Load() && !c.handOver.Load() {
 			// Arrived after we cancelled: back to the queue at once, with a
-			// nack, which does not count as a failed delivery.
+			// nack, which does not count as a failed delivery. (A careful
+			// consumer handing over handles it instead: before RabbitMQ 4.3
+			// a nack counts toward x-delivery-count, and this may be a
+			// returned message on its way to the redelivery limit.)
 			_ = d.Nack(false, true)
 			continue
+		}
+		if c.careful && !d.Redelivered {
+			select {
+			case c.calm <- struct{}{}:
+			default: // told already
+			}
 		}
 		if d.Headers != nil && !c.sv.l.countsToldOnce.Load() {
 			c.sv.l.tellDeliveryCounting(d.Headers)
@@ -290,7 +313,12 @@ func (c *consumer) process(dd *delivery) {
 	began := dd.received
 	ctx, span := l.startProcess(c.ctx, d, &c.spans, began)
 	dd.Context = ctx
-	err := c.call(dd, d)
+	var err error
+	if count, over := l.overRedeliveryLimit(d); over {
+		err = c.callOverLimit(dd, d, count, span)
+	} else {
+		err = c.call(dd, c.handle, d)
+	}
 	settlement := middleware.SettlementFor(err)
 	if settlement == middleware.Requeue && ctx.Err() != nil {
 		// The listener ended the delivery's context (the shutdown timeout
@@ -354,15 +382,16 @@ func rejectLoops(d *amqp.Delivery, queue string, err error) (loops bool) {
 	return false
 }
 
-// call runs the chain; a panic in a middleware outside CatchPanics becomes an
+// call runs h, the chain (or what replaces it past the redelivery limit); a
+// panic in a middleware outside CatchPanics, or in a recoverer, becomes an
 // error too, so one bad message never takes the process down.
-func (c *consumer) call(ctx context.Context, d *amqp.Delivery) (err error) {
+func (c *consumer) call(ctx context.Context, h middleware.Handler, d *amqp.Delivery) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = &middleware.PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return c.handle(ctx, d)
+	return h(ctx, d)
 }
 
 // waitBeforeRequeue delays the requeue of a message that has failed before

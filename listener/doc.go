@@ -50,6 +50,35 @@
 // busy handler waited in the client before that, so with slow handlers keep
 // WithPrefetch × handler time well under the timeout.
 //
+// # Redelivery limit
+//
+// A message that kills the process handling it (out of memory, a crash in
+// cgo, os.Exit in a library, a SIGKILL for a stuck handler) never returns an
+// error: the broker requeues it when the connection drops and hands it to
+// the next instance, which dies too. WithRedeliveryLimit(n) reads the
+// x-delivery-count a quorum queue adds on each redelivery; a delivery
+// counted n times before goes to the recoverer of the chain's innermost
+// Recover with a *RedeliveryLimitError (ErrRedeliveryLimit) before any
+// middleware or the handler runs, or is rejected without requeue when the
+// chain has no Recover. The process span gets an EventRedeliveryLimit event;
+// recoverer.Republish writes the error into the fault headers.
+//
+// A crash returns every delivery in flight, and the broker counts one for
+// each: at full prefetch, the messages beside the one that kills the process
+// would reach the limit with it. So with the option each connection starts
+// carefully: one consumer at prefetch 1 while the returned messages come back
+// (the broker delivers them first), so that a crash counts only the message
+// that causes it; the first message never delivered before, once the
+// consumer has run a second, or a second without a handler running, ends
+// it. Two broker facts bound what n means (RabbitMQ 3.10.8 and 4.0.5):
+// every return counts (a lost connection, a requeue after a failure, a nack
+// at shutdown); and a connection that dies with several quorum consumers may
+// count the deliveries of one of them twice. Choose n of 3 or more, and
+// below the queue's own x-delivery-limit (20 by default on RabbitMQ 4).
+// Classic queues give no count, only the redelivered flag, which one lost
+// connection sets: the limit does not act on them, and the listener logs so
+// once.
+//
 // # Scaling
 //
 // Between WithConcurrentConsumers and WithMaxConcurrentConsumers, the listener

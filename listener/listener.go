@@ -31,10 +31,18 @@ type Listener struct {
 	spanName string
 	attrs    spanAttrs
 
+	// overLimit handles deliveries past WithRedeliveryLimit: the chain's
+	// recoverer, without the chain. Nil without the option.
+	overLimit    middleware.Handler
+	hasRecoverer bool
+
 	running atomic.Bool
 	stats   counters
 	// countsToldOnce: the log has said that the queue counts deliveries.
 	countsToldOnce atomic.Bool
+	// uncountedToldOnce: the log has said that the queue does not, so that
+	// WithRedeliveryLimit cannot act.
+	uncountedToldOnce atomic.Bool
 
 	mu        sync.Mutex
 	consumers map[*consumer]struct{} // active, for Stats
@@ -97,10 +105,13 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	if mw == nil {
 		mw = middleware.Chain()
 	}
-	// Building the chain tells how long its Retries may wait, without
-	// running any of it. (Each consumer builds its own around its gate.)
+	// Building the chain tells how long its Retries may wait and which
+	// recoverer it ends in, without running any of it. (Each consumer
+	// builds its own around its gate.)
+	var survey chainctx.Survey
 	if h != nil {
-		if wait := chainctx.SurveyWait(func() { mw(h) }); wait >= cfg.consumerTimeout {
+		survey = chainctx.SurveyChain(func() { mw(h) })
+		if wait := survey.Wait; wait >= cfg.consumerTimeout {
 			cfg.fail("the middleware's retries may hold a delivery for %v, longer than the consumer timeout %v: "+
 				"the broker would close the channel and redeliver it. Use fewer or shorter local retries and hand longer "+
 				"delays to broker-side retry tiers (package dlx), or raise consumer_timeout and WithConsumerTimeout together",
@@ -121,6 +132,9 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 		spanName:  "process " + queue,
 	}
 	l.attrs = newSpanAttrs(l.tel, queue)
+	if cfg.redeliveryLimit > 0 {
+		l.overLimit, l.hasRecoverer = overLimitHandler(survey.Recoverer, cfg.redeliveryLimit)
+	}
 	return l, nil
 }
 

@@ -242,6 +242,8 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"requeue delay", "q", nil, h, []listener.Option{listener.WithRequeueDelay(time.Second, time.Millisecond)}, "WithRequeueDelay expects 0 <= initial <= max, got 1s, 1ms"},
 		{"scale interval", "q", nil, h, []listener.Option{listener.WithScaleInterval(5 * time.Millisecond)}, "WithScaleInterval expects at least 10ms, got 5ms"},
 		{"idle timeout", "q", nil, h, []listener.Option{listener.WithIdleTimeout(0)}, "WithIdleTimeout expects a duration > 0, got 0s"},
+		{"redelivery limit 0", "q", nil, h, []listener.Option{listener.WithRedeliveryLimit(0)}, "WithRedeliveryLimit expects 1 to 1073741824, got 0"},
+		{"negative redelivery limit", "q", nil, h, []listener.Option{listener.WithRedeliveryLimit(-3)}, "WithRedeliveryLimit expects 1 to 1073741824, got -3"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -33,7 +33,10 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 	if err := sv.declare(conn.Connection); err != nil {
 		return err
 	}
-	s := &session{sv: sv, conn: conn.Connection, ended: make(chan *consumer, l.cfg.max)}
+	s := &session{sv: sv, conn: conn.Connection, ended: make(chan *consumer, l.cfg.max), calm: make(chan struct{}, 1)}
+	if l.cfg.redeliveryLimit > 0 {
+		s.beCareful()
+	}
 	s.restart = backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(500*time.Millisecond),
 		backoff.WithMaxInterval(30*time.Second),
@@ -66,11 +69,23 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 			if err := s.fillToMin(); err != nil {
 				return err
 			}
+		case <-s.calm:
+			if s.calmEnough() {
+				s.endCare("a message that was never delivered before arrived")
+				if err := s.fillToMin(); err != nil {
+					return err
+				}
+			}
 		case <-ticker.C:
+			if s.careful && s.carefulIdle() {
+				s.endCare("no returned message for a second")
+			}
 			if err := s.fillToMin(); err != nil {
 				return err
 			}
-			s.scale()
+			if !s.careful {
+				s.scale()
+			}
 			l.watchAges()
 		}
 	}
@@ -104,6 +119,13 @@ type session struct {
 	active  []*consumer // oldest first
 	control *amqp.Channel
 
+	// careful: one consumer at prefetch 1 until the returned messages are
+	// through (WithRedeliveryLimit; redelivery.go). A fresh message on calm,
+	// or a second with nothing to do, ends it.
+	careful      bool
+	carefulSince time.Time // when the careful consumer started
+	calm         chan struct{}
+
 	restart    *backoff.ExponentialBackOff
 	restartAt  time.Time
 	redeclared bool // declared again since the last consumer started
@@ -116,7 +138,11 @@ type session struct {
 // off while the queue is missing or the broker refuses.
 func (s *session) fillToMin() error {
 	l := s.sv.l
-	for len(s.active) < l.cfg.min && !time.Now().Before(s.restartAt) && s.sv.ctx.Err() == nil {
+	want := l.cfg.min
+	if s.careful {
+		want = 1
+	}
+	for len(s.active) < want && !time.Now().Before(s.restartAt) && s.sv.ctx.Err() == nil {
 		if err := s.add(); err != nil {
 			if s.conn.IsClosed() {
 				return nil // the connection loss arrives next
@@ -151,9 +177,16 @@ func (s *session) fillToMin() error {
 }
 
 func (s *session) add() error {
-	c, err := s.sv.startConsumer(s.conn, s.ended)
+	var calm chan<- struct{}
+	if s.careful {
+		calm = s.calm
+	}
+	c, err := s.sv.startConsumer(s.conn, s.ended, calm)
 	if err != nil {
 		return err
+	}
+	if s.careful {
+		s.carefulSince = time.Now()
 	}
 	s.active = append(s.active, c)
 	return nil
