@@ -1,6 +1,9 @@
 package chainctx
 
-import "context"
+import (
+	"context"
+	"log/slog"
+)
 
 type key int
 
@@ -8,6 +11,7 @@ const (
 	queueKey key = iota
 	interruptKey
 	waitHookKey
+	loggerKey
 )
 
 // WithQueue records the queue a delivery came from; amqp.Delivery does not
@@ -56,4 +60,18 @@ func WillWait(ctx context.Context) {
 	if h, ok := ctx.Value(waitHookKey).(WaitHook); ok {
 		h.WillWait()
 	}
+}
+
+// WithLogger records the listener's logger, for middlewares that report
+// what a handler did (middleware.Timeout).
+func WithLogger(ctx context.Context, l *slog.Logger) context.Context {
+	return context.WithValue(ctx, loggerKey, l)
+}
+
+// Logger returns the logger given to WithLogger, or slog.Default().
+func Logger(ctx context.Context) *slog.Logger {
+	if l, ok := ctx.Value(loggerKey).(*slog.Logger); ok && l != nil {
+		return l
+	}
+	return slog.Default()
 }

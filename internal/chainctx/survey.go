@@ -13,7 +13,8 @@ import (
 // Survey is what building a chain told about it.
 type Survey struct {
 	// Wait is the longest time the Retries built may keep one delivery
-	// waiting between attempts, handler time not included. The listener
+	// waiting between attempts, plus the handler time a Timeout bounds:
+	// handler time without a Timeout is not included. The listener
 	// compares it with the broker's consumer_timeout.
 	Wait time.Duration
 	// Recoverer is the Recoverer of the Recover nearest the handler (the
@@ -74,6 +75,16 @@ func RetryBuilt(worst time.Duration, attempts int) {
 		return
 	}
 	s.unclaimed = addSaturating(worst, mulSaturating(s.unclaimed, attempts))
+}
+
+// TimeoutBuilt is called by a Timeout as it wraps its next handler: one
+// call through it lasts d at most, waits and handler time together (a
+// handler that ignores its deadline is reported and failed, and New
+// cannot count past it). From here on the survey counts handler time too.
+func TimeoutBuilt(d time.Duration) {
+	if s := current(); s != nil {
+		s.unclaimed = d
+	}
 }
 
 // RecovererBuilt is called by a Recover as it wraps its next handler, with
