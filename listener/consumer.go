@@ -86,7 +86,11 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 		return nil, err
 	}
 	tag := fmt.Sprintf("amqpretry-%d-%d", os.Getpid(), consumerSeq.Add(1))
-	deliveries, err := ch.Consume(l.queue, tag, false, false, false, false, nil)
+	var args amqp.Table
+	if l.cfg.consumerTimeoutArg > 0 {
+		args = amqp.Table{"x-consumer-timeout": l.cfg.consumerTimeoutArg.Milliseconds()}
+	}
+	deliveries, err := ch.Consume(l.queue, tag, false, false, false, false, args)
 	if err != nil {
 		_ = ch.Close()
 		return nil, err
@@ -114,7 +118,9 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	sv.consumers.Add(1)
 	go func() {
 		defer sv.consumers.Done()
-		<-closes
+		if err := <-closes; IsConsumerTimeout(err) {
+			l.tellConsumerTimeout(c, err)
+		}
 		cancel()
 	}()
 	c.spawnReader()
@@ -134,11 +140,12 @@ func (c *consumer) stop() {
 }
 
 // chainContext is what the chain of every delivery sees: the queue, the
-// shutdown signal that ends its waits, and the listener's telemetry, which
+// shutdown signal that ends its waits, the logger, and the listener's telemetry, which
 // the chain's Retry and Recover use unless given providers of their own.
 func (sv *supervisor) chainContext(ctx context.Context) context.Context {
 	l := sv.l
-	return telemetry.With(chainctx.WithQueue(chainctx.WithInterrupt(ctx, sv.interrupt), l.queue), l.tel)
+	ctx = chainctx.WithLogger(chainctx.WithQueue(chainctx.WithInterrupt(ctx, sv.interrupt), l.queue), l.cfg.logger)
+	return telemetry.With(ctx, l.tel)
 }
 
 // A consumer's deliveries are handled on the goroutine that reads them, so

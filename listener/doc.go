@@ -39,10 +39,17 @@
 //
 // RabbitMQ closes a consumer's channel when a delivery stays unacknowledged
 // past its consumer_timeout (30 minutes by default), and every delivery on
-// that channel goes back to the queue. New refuses a chain whose Retries
-// alone may wait that long (WithConsumerTimeout tells it the broker's
-// setting); it finds them by building the chain, never by running it. What
-// New cannot know, the handler's time on each attempt and a delivery's turns
+// that channel goes back to the queue. New refuses a chain whose Retries'
+// waits, plus the handler's middleware.Timeout on every attempt, may last
+// that long (WithConsumerTimeout tells it the broker's setting); it finds
+// them by building the chain, never by running it. When the broker does
+// close a channel for it (406 "delivery acknowledgement on channel N timed
+// out"), the listener logs an error naming the queue and the settings that
+// decide the timeout, and replaces the consumer; the deliveries come back.
+// WithConsumerTimeoutArgument asks for a timeout per consumer, which
+// RabbitMQ 3.10.8 and 4.0.5 accept and ignore; on 4.0 the queue's
+// x-consumer-timeout argument works, checked once a minute. What New cannot
+// know without a Timeout, the handler's time on each attempt and a delivery's turns
 // behind the rest of the prefetch, the listener watches at run time: it logs
 // a warning, once per delivery, when the oldest delivery in flight reaches
 // 80% of the timeout, and Stats().OldestInFlight shows that age. It counts

@@ -112,9 +112,10 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	if h != nil {
 		survey = chainctx.SurveyChain(func() { mw(h) })
 		if wait := survey.Wait; wait >= cfg.consumerTimeout {
-			cfg.fail("the middleware's retries may hold a delivery for %v, longer than the consumer timeout %v: "+
-				"the broker would close the channel and redeliver it. Use fewer or shorter local retries and hand longer "+
-				"delays to broker-side retry tiers (package dlx), or raise consumer_timeout and WithConsumerTimeout together",
+			cfg.fail("the middleware's retries may hold a delivery for %v (their waits, and the handler's Timeouts on every attempt), "+
+				"longer than the consumer timeout %v: the broker would close the channel and redeliver it. Use fewer or shorter "+
+				"local retries or a shorter middleware.Timeout, hand longer delays to broker-side retry tiers (package dlx), "+
+				"or raise consumer_timeout and WithConsumerTimeout together",
 				wait, cfg.consumerTimeout)
 		}
 	}

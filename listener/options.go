@@ -52,9 +52,11 @@ type config struct {
 	drainTarget     time.Duration
 	missingFatal    bool
 	redeliveryLimit int // 0: off
-	telemetry       telemetry.Config
-	producerParent  bool
-	errs            []error
+	// consumerTimeoutArg is sent as x-consumer-timeout on basic.consume; 0: not sent
+	consumerTimeoutArg time.Duration
+	telemetry          telemetry.Config
+	producerParent     bool
+	errs               []error
 }
 
 func defaultConfig() config {
@@ -214,6 +216,23 @@ func WithConsumerTimeout(d time.Duration) Option {
 			c.fail("WithConsumerTimeout expects a duration > 0, got %v", d)
 		}
 		c.consumerTimeout = d
+	}
+}
+
+// WithConsumerTimeoutArgument asks the broker for a consumer timeout of d
+// on each of the listener's consumers, with the x-consumer-timeout argument
+// of basic.consume, and tells New so (as WithConsumerTimeout). Brokers that
+// do not know the argument ignore it silently: RabbitMQ 3.10.8 and 4.0.5
+// accept it and keep their consumer_timeout (tested); on RabbitMQ 4.0 the
+// x-consumer-timeout queue argument (dlx.Topology's QueueArguments) or a
+// consumer-timeout policy works instead, and 3.10 has only the global
+// consumer_timeout. d is whole milliseconds, at least 1s.
+func WithConsumerTimeoutArgument(d time.Duration) Option {
+	return func(c *config) {
+		if d < time.Second || d%time.Millisecond != 0 {
+			c.fail("WithConsumerTimeoutArgument expects whole milliseconds, at least 1s, got %v", d)
+		}
+		c.consumerTimeoutArg, c.consumerTimeout = d, d
 	}
 }
 
