@@ -65,6 +65,7 @@ func Recover(r Recoverer) Middleware {
 				return err
 			}
 			WillWait(ctx) // a recoverer does I/O, which may wait out an outage
+			chainctx.Recovering(ctx, err)
 			rerr := r.Recover(ctx, d, err)
 			switch {
 			case rerr == nil:

@@ -12,6 +12,7 @@ const (
 	interruptKey
 	waitHookKey
 	loggerKey
+	recoveryHookKey
 )
 
 // WithQueue records the queue a delivery came from; amqp.Delivery does not
@@ -74,4 +75,21 @@ func Logger(ctx context.Context) *slog.Logger {
 		return l
 	}
 	return slog.Default()
+}
+
+// RecoveryHook is told that a delivery failed for good and goes to its
+// recoverer, with the cause: the listener's kill switch counts it as a
+// failure, though the recovered delivery is acked.
+type RecoveryHook interface{ Recovering(cause error) }
+
+// RecoveryHookKey is the key Recovering looks the RecoveryHook up under, for
+// a context type that answers for it in its own Value method.
+const RecoveryHookKey = recoveryHookKey
+
+// Recovering tells the RecoveryHook in ctx, if any, that the delivery goes
+// to its recoverer because of cause.
+func Recovering(ctx context.Context, cause error) {
+	if h, ok := ctx.Value(recoveryHookKey).(RecoveryHook); ok {
+		h.Recovering(cause)
+	}
 }
