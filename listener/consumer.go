@@ -43,6 +43,12 @@ type consumer struct {
 	careful  bool
 	calm     chan<- struct{}
 	handOver atomic.Bool // stopped as careful ends: handle what still arrives, do not nack it
+	prefetch int
+
+	// interrupt ends the waits of its deliveries and keeps them from their
+	// recoverer: closed at shutdown, or when the kill switch trips.
+	interrupt     chan struct{}
+	interruptOnce sync.Once
 
 	current        atomic.Pointer[delivery] // the one the reader is handling
 	parked         parkedList               // those waiting between attempts, oldest first
@@ -71,15 +77,16 @@ func monotime() int64 { return telemetry.Mono() }
 //
 // With calm non-nil it is a careful consumer: prefetch 1, and a signal on calm
 // when a message arrives that was never delivered before.
-func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consumer, calm chan<- struct{}) (*consumer, error) {
+//
+// prefetch 0 means the configured one.
+func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consumer, calm chan<- struct{}, prefetch int) (*consumer, error) {
 	l := sv.l
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, err
 	}
-	prefetch := l.cfg.prefetch
-	if calm != nil {
-		prefetch = 1
+	if prefetch == 0 {
+		prefetch = l.cfg.prefetch
 	}
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		_ = ch.Close()
@@ -98,10 +105,16 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	ctx, cancel := context.WithCancel(sv.handlerCtx)
 	c := &consumer{
 		sv: sv, ch: ch, tag: tag, cancel: cancel,
-		ctx:     sv.chainContext(ctx),
 		gate:    make(chan struct{}, 1),
-		careful: calm != nil, calm: calm,
+		careful: calm != nil, calm: calm, prefetch: prefetch,
+		interrupt: make(chan struct{}),
 	}
+	select {
+	case <-sv.interrupt:
+		c.interruptWaits()
+	default:
+	}
+	c.ctx = sv.chainContext(ctx, c.interrupt)
 	c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
 	c.consuming.Store(true)
 	c.lastActive.Store(monotime())
@@ -142,9 +155,9 @@ func (c *consumer) stop() {
 // chainContext is what the chain of every delivery sees: the queue, the
 // shutdown signal that ends its waits, the logger, and the listener's telemetry, which
 // the chain's Retry and Recover use unless given providers of their own.
-func (sv *supervisor) chainContext(ctx context.Context) context.Context {
+func (sv *supervisor) chainContext(ctx context.Context, interrupt <-chan struct{}) context.Context {
 	l := sv.l
-	ctx = chainctx.WithLogger(chainctx.WithQueue(chainctx.WithInterrupt(ctx, sv.interrupt), l.queue), l.cfg.logger)
+	ctx = chainctx.WithLogger(chainctx.WithQueue(chainctx.WithInterrupt(ctx, interrupt), l.queue), l.cfg.logger)
 	return telemetry.With(ctx, l.tel)
 }
 
@@ -171,13 +184,24 @@ type delivery struct {
 	place      atomic.Int32 // unlisted, listed, settled
 	prev, next *delivery    // in the parked list, under its lock
 	agedWarned atomic.Bool
+
+	failedFor error // the cause it went to the recoverer with (Recovering), for the kill switch
 }
 
 func (dd *delivery) Value(key any) any {
-	if key == chainctx.WaitHookKey {
+	if key == chainctx.WaitHookKey || key == chainctx.RecoveryHookKey {
 		return dd
 	}
 	return dd.Context.Value(key)
+}
+
+// Recovering notes that the chain hands dd to its recoverer: a failure for
+// the kill switch, though a recovered delivery is acked.
+func (dd *delivery) Recovering(cause error) { dd.failedFor = cause }
+
+// interruptWaits closes the consumer's interrupt, once.
+func (c *consumer) interruptWaits() {
+	c.interruptOnce.Do(func() { close(c.interrupt) })
 }
 
 // WillWait parks the delivery: it hands the reading of deliveries to a new
@@ -274,7 +298,7 @@ func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 			}
 		}
 		select {
-		case <-c.sv.interrupt: // shutdown began while we waited: no new attempt starts
+		case <-c.interrupt: // shutdown (or a trip) began while we waited: no new attempt starts
 			<-c.gate
 			return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
 		default:
@@ -305,7 +329,7 @@ func (c *consumer) waitForGate(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-c.sv.interrupt:
+	case <-c.interrupt:
 		return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
 	}
 }
@@ -337,6 +361,11 @@ func (c *consumer) process(dd *delivery) {
 	// Processing is over: the span and the duration do not include the
 	// requeue delay that may follow.
 	l.endProcess(ctx, span, began, err, settlement)
+	if l.killSwitch != nil {
+		if failed, counted := l.failedForGood(dd, err, settlement); counted {
+			l.killSwitch.record(time.Now(), failed)
+		}
+	}
 	if settlement == middleware.Requeue {
 		c.waitBeforeRequeue(dd)
 	}
@@ -419,7 +448,7 @@ func (c *consumer) waitBeforeRequeue(dd *delivery) {
 	select {
 	case <-timer.C:
 	case <-c.ctx.Done():
-	case <-c.sv.interrupt:
+	case <-c.interrupt:
 	}
 }
 

@@ -86,6 +86,32 @@
 // connection sets: the limit does not act on them, and the listener logs so
 // once.
 //
+// # Kill switch
+//
+// During a downstream outage every delivery fails, exhausts its retries and
+// goes to the DLQ: the whole queue, to be replayed by hand. WithKillSwitch
+// (MassTransit's kill switch) stops consuming instead: when, over the
+// tracking period, at least ActivationThreshold deliveries ended and the share
+// that failed for good reaches TripThreshold, the listener cancels its
+// consumers and ends their deliveries' waits, so what was in flight goes back
+// to the queue with a nack and nothing reaches the recoverer because of the
+// trip. After RestartTimeout (doubled at each trip in a row, up to
+// MaxRestartTimeout) one consumer at prefetch 1 probes; its first success
+// brings the others back, a failure trips it again. Stats().KillSwitch
+// shows the state; trips, probes and resumptions are logged.
+//
+// The breaker's state machine is ours, about a hundred lines. sony/gobreaker
+// v2.4.0 was the candidate: go 1.22, no dependency outside its tests, a
+// rolling window (BucketPeriod), ReadyToTrip over its counts for the trip
+// threshold and minimum activity, and a two-step API for outcomes reported
+// after the fact. failsafe-go v0.9.8's circuit breaker needs go 1.22 too but
+// brings gRPC and protobuf into the module graph. We use neither: the
+// library's dependencies are a closed list (amqp091-go, backoff/v4,
+// OpenTelemetry), gobreaker's open state has one fixed Timeout where the
+// kill switch backs off, and what matters here, stopping consumers and
+// keeping in-flight deliveries from the recoverer, is the listener's either
+// way.
+//
 // # Scaling
 //
 // Between WithConcurrentConsumers and WithMaxConcurrentConsumers, the listener

@@ -31,6 +31,9 @@ type Listener struct {
 	spanName string
 	attrs    spanAttrs
 
+	// killSwitch is nil without WithKillSwitch.
+	killSwitch *killSwitch
+
 	// overLimit handles deliveries past WithRedeliveryLimit: the chain's
 	// recoverer, without the chain. Nil without the option.
 	overLimit    middleware.Handler
@@ -62,6 +65,9 @@ type Stats struct {
 	// the listener's hands; RabbitMQ closes the channel of one unsettled past
 	// its consumer_timeout, and the listener warns at 80% of it.
 	OldestInFlight time.Duration
+	// KillSwitch is the kill switch's state: "closed" (consuming),
+	// "tripped" or "probing"; "" without WithKillSwitch.
+	KillSwitch string
 }
 
 type counters struct {
@@ -136,6 +142,9 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	if cfg.redeliveryLimit > 0 {
 		l.overLimit, l.hasRecoverer = overLimitHandler(survey.Recoverer, cfg.redeliveryLimit)
 	}
+	if cfg.killSwitch != nil {
+		l.killSwitch = newKillSwitch(*cfg.killSwitch)
+	}
 	return l, nil
 }
 
@@ -146,6 +155,10 @@ func (l *Listener) Stats() Stats {
 		Failed:   l.stats.failed.Load(),
 		Requeued: l.stats.requeued.Load(),
 		Rejected: l.stats.rejected.Load(),
+	}
+	if l.killSwitch != nil {
+		state, _, _ := l.killSwitch.current()
+		s.KillSwitch = state.String()
 	}
 	now := monotime()
 	l.mu.Lock()
@@ -249,10 +262,20 @@ func (sv *supervisor) loop(ctx context.Context) error {
 	}
 }
 
+// interruptAll ends every wait of every consumer: shutdown.
+func (sv *supervisor) interruptAll() {
+	sv.interruptOnce.Do(func() { close(sv.interrupt) })
+	sv.l.mu.Lock()
+	defer sv.l.mu.Unlock()
+	for c := range sv.l.consumers {
+		c.interruptWaits()
+	}
+}
+
 // shutdown ends every consumer: waits are interrupted at once, running
 // handlers get the shutdown timeout, then their context is cancelled.
 func (sv *supervisor) shutdown() {
-	sv.interruptOnce.Do(func() { close(sv.interrupt) })
+	sv.interruptAll()
 	done := make(chan struct{})
 	go func() { sv.consumers.Wait(); close(done) }()
 	timer := time.NewTimer(sv.l.cfg.shutdownTimeout)

@@ -54,6 +54,7 @@ type config struct {
 	redeliveryLimit int // 0: off
 	// consumerTimeoutArg is sent as x-consumer-timeout on basic.consume; 0: not sent
 	consumerTimeoutArg time.Duration
+	killSwitch         *KillSwitch // nil: off
 	telemetry          telemetry.Config
 	producerParent     bool
 	errs               []error

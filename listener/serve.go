@@ -34,7 +34,9 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 		return err
 	}
 	s := &session{sv: sv, conn: conn.Connection, ended: make(chan *consumer, l.cfg.max), calm: make(chan struct{}, 1)}
-	if l.cfg.redeliveryLimit > 0 {
+	if l.killSwitch != nil && l.killSwitch.resumeTripped(time.Now()) {
+		s.tripped = true // the probe comes on the next tick that finds it due
+	} else if l.cfg.redeliveryLimit > 0 {
 		s.beCareful()
 	}
 	s.restart = backoff.NewExponentialBackOff(
@@ -55,7 +57,7 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 			for _, c := range s.active {
 				c.stop()
 			}
-			sv.interruptOnce.Do(func() { close(sv.interrupt) })
+			sv.interruptAll()
 			sv.shutdown() // the connection stays open until in-flight deliveries are settled
 			return nil
 		case err := <-connClosed:
@@ -76,14 +78,24 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 					return err
 				}
 			}
+		case <-s.trippedSignal():
+			s.trip()
+		case <-s.probeSucceeded():
+			s.resume()
+			if err := s.fillToMin(); err != nil {
+				return err
+			}
 		case <-ticker.C:
+			if s.tripped && l.killSwitch.probeDue(time.Now()) {
+				s.probe()
+			}
 			if s.careful && s.carefulIdle() {
 				s.endCare("no returned message for a second")
 			}
 			if err := s.fillToMin(); err != nil {
 				return err
 			}
-			if !s.careful {
+			if !s.careful && !s.tripped && !s.probing {
 				s.scale()
 			}
 			l.watchAges()
@@ -126,6 +138,10 @@ type session struct {
 	carefulSince time.Time // when the careful consumer started
 	calm         chan struct{}
 
+	// tripped: the kill switch stopped consuming; probing: one consumer at
+	// prefetch 1 tries again (killswitch.go).
+	tripped, probing bool
+
 	restart    *backoff.ExponentialBackOff
 	restartAt  time.Time
 	redeclared bool // declared again since the last consumer started
@@ -139,7 +155,10 @@ type session struct {
 func (s *session) fillToMin() error {
 	l := s.sv.l
 	want := l.cfg.min
-	if s.careful {
+	switch {
+	case s.tripped:
+		return nil
+	case s.careful, s.probing:
 		want = 1
 	}
 	for len(s.active) < want && !time.Now().Before(s.restartAt) && s.sv.ctx.Err() == nil {
@@ -178,10 +197,14 @@ func (s *session) fillToMin() error {
 
 func (s *session) add() error {
 	var calm chan<- struct{}
+	prefetch := 0
 	if s.careful {
-		calm = s.calm
+		calm, prefetch = s.calm, 1
 	}
-	c, err := s.sv.startConsumer(s.conn, s.ended, calm)
+	if s.probing {
+		prefetch = 1
+	}
+	c, err := s.sv.startConsumer(s.conn, s.ended, calm, prefetch)
 	if err != nil {
 		return err
 	}
