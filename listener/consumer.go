@@ -362,8 +362,8 @@ func (c *consumer) process(dd *delivery) {
 	// requeue delay that may follow.
 	l.endProcess(ctx, span, began, err, settlement)
 	if l.killSwitch != nil {
-		if failed, counted := l.failedForGood(dd, err, settlement); counted {
-			l.killSwitch.record(time.Now(), failed)
+		if failed, counted := l.failedForGood(dd, err, settlement); counted && l.killSwitch.record(time.Now(), failed) {
+			l.stopAllConsumers()
 		}
 	}
 	if settlement == middleware.Requeue {

@@ -119,24 +119,24 @@ func newKillSwitch(cfg KillSwitch) *killSwitch {
 		tripped: make(chan struct{}, 1), probeDone: make(chan struct{}, 1)}
 }
 
-// record counts one delivery's end. failed says it failed for good;
-// counted false leaves it out (a release: not the message's doing).
-func (k *killSwitch) record(now time.Time, failed bool) {
+// record counts one delivery's end, failed for good or not, and reports
+// whether it tripped the switch.
+func (k *killSwitch) record(now time.Time, failed bool) (tripped bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	switch k.state {
 	case switchTripped:
-		return // deliveries in flight finishing: they decide nothing
+		return false // deliveries in flight finishing: they decide nothing
 	case switchProbing:
 		if failed {
 			k.trip(now, "the probe failed")
-			return
+			return true
 		}
 		k.state = switchClosed
 		k.trips = 0
 		k.buckets = [killSwitchBuckets]bucket{}
 		signal(k.probeDone)
-		return
+		return false
 	}
 	b := &k.buckets[(now.UnixNano()/int64(k.width))%killSwitchBuckets]
 	if now.Sub(b.start) >= k.width {
@@ -155,6 +155,24 @@ func (k *killSwitch) record(now time.Time, failed bool) {
 	}
 	if ended >= k.cfg.ActivationThreshold && float64(fails) >= k.cfg.TripThreshold*float64(ended) {
 		k.trip(now, fmt.Sprintf("%d of the %d deliveries that ended in the last %v failed (TripThreshold %v)", fails, ended, k.cfg.TrackingPeriod, k.cfg.TripThreshold))
+		return true
+	}
+	return false
+}
+
+// stopAllConsumers is the trip, at once, from the delivery that tripped it:
+// every consumer stops and its deliveries' waits end, so that none more
+// reaches the recoverer while the session gets the signal.
+func (l *Listener) stopAllConsumers() {
+	l.mu.Lock()
+	all := make([]*consumer, 0, len(l.consumers))
+	for c := range l.consumers {
+		all = append(all, c)
+	}
+	l.mu.Unlock()
+	for _, c := range all {
+		c.interruptWaits()
+		c.stop()
 	}
 }
 
