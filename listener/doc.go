@@ -151,7 +151,8 @@
 // messaging attributes, linked to the producer's span from the traceparent
 // header (WithProducerAsParent makes it the parent), and the metrics
 // messaging.process.duration, messaging.client.consumed.messages,
-// amqpretry.consumers.active and amqpretry.deliveries.parked. The providers
+// amqpretry.consumers.active and amqpretry.deliveries.parked (with a kill
+// switch, amqpretry.killswitch.trips and amqpretry.killswitch.state). The providers
 // (WithTracerProvider, WithMeterProvider, WithPropagators, defaulting to the
 // globals) reach the Retry and Recover of the chain, which add attempt spans
 // and their own metrics. Process spans are roots, whatever span Run's

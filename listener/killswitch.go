@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"sync"
@@ -253,6 +254,8 @@ func (s *session) trip() {
 		return // a probe's success overtook the signal
 	}
 	s.tripped, s.probing, s.careful = true, false, false
+	l.tel.KillSwitchTrips.Add(context.Background(), 1, l.attrs.queue.Add...)
+	l.tel.KillSwitchState.Record(context.Background(), int64(switchTripped), l.attrs.queue.Record...)
 	for _, c := range s.active {
 		c.stop()
 		c.interruptWaits()
@@ -265,6 +268,7 @@ func (s *session) trip() {
 // probe starts one consumer at prefetch 1.
 func (s *session) probe() {
 	s.tripped, s.probing = false, true
+	s.sv.l.tel.KillSwitchState.Record(context.Background(), int64(switchProbing), s.sv.l.attrs.queue.Record...)
 	s.sv.l.cfg.logger.Info("listener: kill switch restart timeout over: probing with one consumer at prefetch 1", "queue", s.sv.l.queue)
 }
 
@@ -281,6 +285,7 @@ func (s *session) resume() {
 		c.stop()
 	}
 	s.active = s.active[:0]
+	s.sv.l.tel.KillSwitchState.Record(context.Background(), int64(switchClosed), s.sv.l.attrs.queue.Record...)
 	s.sv.l.cfg.logger.Info("listener: kill switch probe succeeded: consuming again", "queue", s.sv.l.queue)
 }
 

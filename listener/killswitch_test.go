@@ -52,7 +52,8 @@ func TestKillSwitchStopsConsumingDuringAnOutage(t *testing.T) {
 				return nil
 			}
 			var log logBuffer
-			opts := []listener.Option{listener.WithPrefetch(10), listener.WithLogger(log.logger())}
+			o := observe(t)
+			opts := append(o.options(), listener.WithPrefetch(10), listener.WithLogger(log.logger()))
 			if tt.killSwitch {
 				opts = append(opts, listener.WithKillSwitch(listener.KillSwitch{
 					TripThreshold: 0.5, ActivationThreshold: 5, TrackingPeriod: 10 * time.Second, RestartTimeout: 200 * time.Millisecond}))
@@ -90,6 +91,9 @@ func TestKillSwitchStopsConsumingDuringAnOutage(t *testing.T) {
 			}
 			if st := r.Stats().KillSwitch; st != "closed" {
 				t.Errorf("Stats().KillSwitch = %q after the outage, want closed", st)
+			}
+			if trips := o.sum(t, "amqpretry.killswitch.trips"); trips < 1 || int(trips) != log.count("kill switch tripped") {
+				t.Errorf("amqpretry.killswitch.trips = %d, want the %d trips logged", trips, log.count("kill switch tripped"))
 			}
 			if log.count("kill switch probe succeeded") == 0 {
 				t.Error("no probe succeeded")
