@@ -186,6 +186,7 @@ type delivery struct {
 	agedWarned atomic.Bool
 
 	failedFor error // the cause it went to the recoverer with (Recovering), for the kill switch
+	recorded  bool  // the kill switch has counted it already
 }
 
 func (dd *delivery) Value(key any) any {
@@ -195,9 +196,14 @@ func (dd *delivery) Value(key any) any {
 	return dd.Context.Value(key)
 }
 
-// Recovering notes that the chain hands dd to its recoverer: a failure for
-// the kill switch, though a recovered delivery is acked.
-func (dd *delivery) Recovering(cause error) { dd.failedFor = cause }
+// Recovering notes that the chain is about to hand dd to its recoverer: a
+// failure for the kill switch, though a recovered delivery is acked. It is
+// counted now, before the recoverer runs, so that the failure that trips the
+// switch, and every one after it, goes back to the queue instead.
+func (dd *delivery) Recovering(cause error) error {
+	dd.failedFor = cause
+	return dd.c.sv.l.recordFailure(dd, cause)
+}
 
 // interruptWaits closes the consumer's interrupt, once.
 func (c *consumer) interruptWaits() {
@@ -362,7 +368,7 @@ func (c *consumer) process(dd *delivery) {
 	// requeue delay that may follow.
 	l.endProcess(ctx, span, began, err, settlement)
 	if l.killSwitch != nil {
-		if failed, counted := l.failedForGood(dd, err, settlement); counted && l.killSwitch.record(time.Now(), failed) {
+		if failed, counted := l.failedForGood(dd, err, settlement); counted && !dd.recorded && l.killSwitch.record(time.Now(), failed) {
 			l.stopAllConsumers()
 		}
 	}

@@ -95,7 +95,8 @@
 // that failed for good reaches TripThreshold, the listener cancels its
 // consumers and ends their deliveries' waits, so what was in flight goes back
 // to the queue with a nack and nothing reaches the recoverer because of the
-// trip. After RestartTimeout (doubled at each trip in a row, up to
+// trip. A failure is counted as it is about to go to the recoverer (Recover
+// asks the listener first), so the one that trips the switch goes back too. After RestartTimeout (doubled at each trip in a row, up to
 // MaxRestartTimeout) one consumer at prefetch 1 probes; its first success
 // brings the others back, a failure trips it again. Stats().KillSwitch
 // shows the state; trips, probes and resumptions are logged.

@@ -2,6 +2,7 @@ package listener
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -37,11 +38,13 @@ type KillSwitch struct {
 // WithKillSwitch stops the listener consuming when, over the last
 // TrackingPeriod, at least ActivationThreshold deliveries ended and the share
 // of them that failed for good (retries exhausted, Permanent, a recoverer
-// that failed, a requeue after a failure) reaches TripThreshold. It cancels
-// its consumers: deliveries in flight finish, but none of theirs reaches the
-// recoverer any more and their waits end, so they go back to the queue (a
-// nack, which RabbitMQ 4.3 does not count as a delivery) rather than to the
-// DLQ. Messages stay on the queue while it is tripped. After RestartTimeout
+// that failed, a requeue after a failure) reaches TripThreshold. A failure
+// that goes to a recoverer is counted just before it would: the one that
+// trips the switch, and every one after it, goes back to the queue instead.
+// It cancels its consumers: deliveries in flight finish, but none of theirs
+// reaches the recoverer any more and their waits end, so they go back to the
+// queue (a nack, which RabbitMQ 4.3 does not count as a delivery) rather
+// than to the DLQ. Messages stay on the queue while it is tripped. After RestartTimeout
 // it consumes again with one consumer at prefetch 1, a probe: the first
 // delivery that succeeds resets the window and brings the other consumers
 // back; one that fails trips it again, with the timeout doubled.
@@ -209,6 +212,30 @@ func signal(ch chan struct{}) {
 	case ch <- struct{}{}:
 	default:
 	}
+}
+
+// errTripped is why a delivery that failed for good went back to its queue
+// rather than to its recoverer.
+var errTripped = errors.New("listener: the kill switch has tripped; the message goes back to the queue")
+
+// recordFailure counts dd's failure for good before its recoverer runs, and
+// says whether the recovery may go on: not once the switch has tripped.
+func (l *Listener) recordFailure(dd *delivery, cause error) error {
+	ks := l.killSwitch
+	if ks == nil {
+		return nil
+	}
+	if l.cfg.killSwitch.IgnorePermanent && middleware.IsPermanent(cause) {
+		return nil // counted as activity when it ends
+	}
+	dd.recorded = true
+	if ks.record(time.Now(), true) {
+		l.stopAllConsumers()
+	}
+	if state, _, _ := ks.current(); state != switchClosed {
+		return errTripped
+	}
+	return nil
 }
 
 // failedForGood classifies a delivery's end for the kill switch: counted is

@@ -64,8 +64,12 @@ func Recover(r Recoverer) Middleware {
 			if willRetry(ctx, err) {
 				return err
 			}
+			if stop := chainctx.Recovering(ctx, err); stop != nil {
+				// The listener stopped consuming (its kill switch): the
+				// message goes back to the queue, not to the recoverer.
+				return &InterruptedError{Attempt: Attempt(ctx), Reason: stop, Last: err}
+			}
 			WillWait(ctx) // a recoverer does I/O, which may wait out an outage
-			chainctx.Recovering(ctx, err)
 			rerr := r.Recover(ctx, d, err)
 			switch {
 			case rerr == nil:

@@ -77,19 +77,21 @@ func Logger(ctx context.Context) *slog.Logger {
 	return slog.Default()
 }
 
-// RecoveryHook is told that a delivery failed for good and goes to its
-// recoverer, with the cause: the listener's kill switch counts it as a
-// failure, though the recovered delivery is acked.
-type RecoveryHook interface{ Recovering(cause error) }
+// RecoveryHook is told that a delivery failed for good and is about to go
+// to its recoverer, with the cause: the listener's kill switch counts it as a
+// failure, though a recovered delivery is acked. A non-nil error stops the
+// recovery (the switch has tripped): the delivery goes back to its queue.
+type RecoveryHook interface{ Recovering(cause error) error }
 
 // RecoveryHookKey is the key Recovering looks the RecoveryHook up under, for
 // a context type that answers for it in its own Value method.
 const RecoveryHookKey = recoveryHookKey
 
-// Recovering tells the RecoveryHook in ctx, if any, that the delivery goes
-// to its recoverer because of cause.
-func Recovering(ctx context.Context, cause error) {
+// Recovering asks the RecoveryHook in ctx, if any, whether the delivery may
+// go to its recoverer because of cause: nil when it may.
+func Recovering(ctx context.Context, cause error) error {
 	if h, ok := ctx.Value(recoveryHookKey).(RecoveryHook); ok {
-		h.Recovering(cause)
+		return h.Recovering(cause)
 	}
+	return nil
 }
