@@ -1,8 +1,12 @@
 package listener
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/amqpretry/amqpretry/middleware"
 )
 
 func TestKillSwitchStateMachine(t *testing.T) {
@@ -76,5 +80,34 @@ func TestKillSwitchStateMachine(t *testing.T) {
 	k.record(later, false)
 	if k.resumeTripped(later) {
 		t.Error("a closed switch tells a new session it is tripped")
+	}
+}
+
+// What counts as a failure for good, with and without IgnorePermanent.
+func TestKillSwitchClassifiesOutcomes(t *testing.T) {
+	boom := errors.New("boom")
+	tests := []struct {
+		name            string
+		failedFor, err  error
+		settlement      middleware.Settlement
+		ignorePermanent bool
+		failed, counted bool
+	}{
+		{"handled", nil, nil, middleware.Ack, false, false, true},
+		{"recovered after exhausted retries", &middleware.RetriesExhaustedError{Attempts: 3, Last: boom}, nil, middleware.Ack, false, true, true},
+		{"requeued after a failure", nil, boom, middleware.Requeue, false, true, true},
+		{"permanent, rejected", nil, middleware.Permanent(boom), middleware.Reject, false, true, true},
+		{"permanent, ignored", nil, middleware.Permanent(boom), middleware.Reject, true, false, true},
+		{"permanent, recovered, ignored", middleware.Permanent(boom), nil, middleware.Ack, true, false, true},
+		{"released at shutdown", nil, &middleware.InterruptedError{Reason: context.Canceled}, middleware.Release, false, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := &Listener{cfg: config{killSwitch: &KillSwitch{IgnorePermanent: tt.ignorePermanent}}}
+			failed, counted := l.failedForGood(&delivery{failedFor: tt.failedFor}, tt.err, tt.settlement)
+			if failed != tt.failed || counted != tt.counted {
+				t.Errorf("failed %v, counted %v; want %v, %v", failed, counted, tt.failed, tt.counted)
+			}
+		})
 	}
 }
