@@ -2,8 +2,11 @@ package listener
 
 import (
 	"math"
+	"strings"
 	"sync"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // The broker closes a consumer's channel when one of its deliveries stays
@@ -150,4 +153,26 @@ func (l *Listener) watchAges() {
 				"wait", backlog.Round(time.Second), "consumer_timeout", l.cfg.consumerTimeout)
 		}
 	}
+}
+
+// IsConsumerTimeout reports whether err is the broker closing a channel
+// because a delivery on it stayed unacknowledged past its consumer timeout
+// (406 PRECONDITION_FAILED, "delivery acknowledgement on channel N timed
+// out", on RabbitMQ 3.10 and 4.0 alike).
+func IsConsumerTimeout(err *amqp.Error) bool {
+	return err != nil && err.Code == amqp.PreconditionFailed &&
+		strings.Contains(err.Reason, "delivery acknowledgement on channel") && strings.Contains(err.Reason, "timed out")
+}
+
+// tellConsumerTimeout says plainly what the broker's channel error means.
+func (l *Listener) tellConsumerTimeout(c *consumer, err *amqp.Error) {
+	setting := "consumer_timeout in rabbitmq.conf (30 minutes by default), or on RabbitMQ 4 the queue's x-consumer-timeout argument or consumer-timeout policy"
+	if l.cfg.consumerTimeoutArg > 0 {
+		setting = "x-consumer-timeout on the consumer (WithConsumerTimeoutArgument), where the broker honours it, else " + setting
+	}
+	l.cfg.logger.Error("listener: RabbitMQ closed a consumer's channel because a delivery on it stayed unacknowledged past the broker's "+
+		"consumer timeout; every unacknowledged delivery of that channel goes back to the queue and will be redelivered (and counted, on a "+
+		"quorum queue). Make handlers stop in time (middleware.Timeout), hand long retry delays to dlx retry tiers, lower WithPrefetch, "+
+		"or raise the setting and WithConsumerTimeout together",
+		"queue", l.queue, "consumer", c.tag, "setting", setting, "consumer_timeout_assumed", l.cfg.consumerTimeout, "broker_said", err.Reason)
 }

@@ -38,6 +38,18 @@ type consumer struct {
 	consuming atomic.Bool
 	stopping  atomic.Bool // the listener cancelled it: requeue what still arrives
 
+	// careful: a consumer at prefetch 1 while returned messages come back
+	// (redelivery.go); it tells calm when a fresh one arrives.
+	careful  bool
+	calm     chan<- struct{}
+	handOver atomic.Bool // stopped as careful ends: handle what still arrives, do not nack it
+	prefetch int
+
+	// interrupt ends the waits of its deliveries and keeps them from their
+	// recoverer: closed at shutdown, or when the kill switch trips.
+	interrupt     chan struct{}
+	interruptOnce sync.Once
+
 	current        atomic.Pointer[delivery] // the one the reader is handling
 	parked         parkedList               // those waiting between attempts, oldest first
 	prefetchWarned bool                     // watchAges's: the prefetch warning was given
@@ -62,18 +74,30 @@ func monotime() int64 { return telemetry.Mono() }
 // startConsumer opens a channel, sets its prefetch and starts consuming.
 // ended receives the consumer once, when it stops without being asked to
 // (broker cancel, channel closed), so that serve can replace it.
-func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consumer) (*consumer, error) {
+//
+// With calm non-nil it is a careful consumer: prefetch 1, and a signal on calm
+// when a message arrives that was never delivered before.
+//
+// prefetch 0 means the configured one.
+func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consumer, calm chan<- struct{}, prefetch int) (*consumer, error) {
 	l := sv.l
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, err
 	}
-	if err := ch.Qos(l.cfg.prefetch, 0, false); err != nil {
+	if prefetch == 0 {
+		prefetch = l.cfg.prefetch
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
 		_ = ch.Close()
 		return nil, err
 	}
 	tag := fmt.Sprintf("amqpretry-%d-%d", os.Getpid(), consumerSeq.Add(1))
-	deliveries, err := ch.Consume(l.queue, tag, false, false, false, false, nil)
+	var args amqp.Table
+	if l.cfg.consumerTimeoutArg > 0 {
+		args = amqp.Table{"x-consumer-timeout": l.cfg.consumerTimeoutArg.Milliseconds()}
+	}
+	deliveries, err := ch.Consume(l.queue, tag, false, false, false, false, args)
 	if err != nil {
 		_ = ch.Close()
 		return nil, err
@@ -81,9 +105,16 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	ctx, cancel := context.WithCancel(sv.handlerCtx)
 	c := &consumer{
 		sv: sv, ch: ch, tag: tag, cancel: cancel,
-		ctx:  sv.chainContext(ctx),
-		gate: make(chan struct{}, 1),
+		gate:    make(chan struct{}, 1),
+		careful: calm != nil, calm: calm, prefetch: prefetch,
+		interrupt: make(chan struct{}),
 	}
+	select {
+	case <-sv.interrupt:
+		c.interruptWaits()
+	default:
+	}
+	c.ctx = sv.chainContext(ctx, c.interrupt)
 	c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
 	c.consuming.Store(true)
 	c.lastActive.Store(monotime())
@@ -100,7 +131,9 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	sv.consumers.Add(1)
 	go func() {
 		defer sv.consumers.Done()
-		<-closes
+		if err := <-closes; IsConsumerTimeout(err) {
+			l.tellConsumerTimeout(c, err)
+		}
 		cancel()
 	}()
 	c.spawnReader()
@@ -120,11 +153,12 @@ func (c *consumer) stop() {
 }
 
 // chainContext is what the chain of every delivery sees: the queue, the
-// shutdown signal that ends its waits, and the listener's telemetry, which
+// shutdown signal that ends its waits, the logger, and the listener's telemetry, which
 // the chain's Retry and Recover use unless given providers of their own.
-func (sv *supervisor) chainContext(ctx context.Context) context.Context {
+func (sv *supervisor) chainContext(ctx context.Context, interrupt <-chan struct{}) context.Context {
 	l := sv.l
-	return telemetry.With(chainctx.WithQueue(chainctx.WithInterrupt(ctx, sv.interrupt), l.queue), l.tel)
+	ctx = chainctx.WithLogger(chainctx.WithQueue(chainctx.WithInterrupt(ctx, interrupt), l.queue), l.cfg.logger)
+	return telemetry.With(ctx, l.tel)
 }
 
 // A consumer's deliveries are handled on the goroutine that reads them, so
@@ -150,13 +184,30 @@ type delivery struct {
 	place      atomic.Int32 // unlisted, listed, settled
 	prev, next *delivery    // in the parked list, under its lock
 	agedWarned atomic.Bool
+
+	failedFor error // the cause it went to the recoverer with (Recovering), for the kill switch
+	recorded  bool  // the kill switch has counted it already
 }
 
 func (dd *delivery) Value(key any) any {
-	if key == chainctx.WaitHookKey {
+	if key == chainctx.WaitHookKey || key == chainctx.RecoveryHookKey {
 		return dd
 	}
 	return dd.Context.Value(key)
+}
+
+// Recovering notes that the chain is about to hand dd to its recoverer: a
+// failure for the kill switch, though a recovered delivery is acked. It is
+// counted now, before the recoverer runs, so that the failure that trips the
+// switch, and every one after it, goes back to the queue instead.
+func (dd *delivery) Recovering(cause error) error {
+	dd.failedFor = cause
+	return dd.c.sv.l.recordFailure(dd, cause)
+}
+
+// interruptWaits closes the consumer's interrupt, once.
+func (c *consumer) interruptWaits() {
+	c.interruptOnce.Do(func() { close(c.interrupt) })
 }
 
 // WillWait parks the delivery: it hands the reading of deliveries to a new
@@ -176,11 +227,20 @@ func (c *consumer) spawnReader() {
 func (c *consumer) read() {
 	defer c.sv.consumers.Done()
 	for d := range c.deliveries {
-		if c.stopping.Load() {
+		if c.stopping.Load() && !c.handOver.Load() {
 			// Arrived after we cancelled: back to the queue at once, with a
-			// nack, which does not count as a failed delivery.
+			// nack, which does not count as a failed delivery. (A careful
+			// consumer handing over handles it instead: before RabbitMQ 4.3
+			// a nack counts toward x-delivery-count, and this may be a
+			// returned message on its way to the redelivery limit.)
 			_ = d.Nack(false, true)
 			continue
+		}
+		if c.careful && !d.Redelivered {
+			select {
+			case c.calm <- struct{}{}:
+			default: // told already
+			}
 		}
 		if d.Headers != nil && !c.sv.l.countsToldOnce.Load() {
 			c.sv.l.tellDeliveryCounting(d.Headers)
@@ -244,7 +304,7 @@ func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 			}
 		}
 		select {
-		case <-c.sv.interrupt: // shutdown began while we waited: no new attempt starts
+		case <-c.interrupt: // shutdown (or a trip) began while we waited: no new attempt starts
 			<-c.gate
 			return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
 		default:
@@ -275,7 +335,7 @@ func (c *consumer) waitForGate(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-c.sv.interrupt:
+	case <-c.interrupt:
 		return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
 	}
 }
@@ -290,7 +350,12 @@ func (c *consumer) process(dd *delivery) {
 	began := dd.received
 	ctx, span := l.startProcess(c.ctx, d, &c.spans, began)
 	dd.Context = ctx
-	err := c.call(dd, d)
+	var err error
+	if count, over := l.overRedeliveryLimit(d); over {
+		err = c.callOverLimit(dd, d, count, span)
+	} else {
+		err = c.call(dd, c.handle, d)
+	}
 	settlement := middleware.SettlementFor(err)
 	if settlement == middleware.Requeue && ctx.Err() != nil {
 		// The listener ended the delivery's context (the shutdown timeout
@@ -302,6 +367,11 @@ func (c *consumer) process(dd *delivery) {
 	// Processing is over: the span and the duration do not include the
 	// requeue delay that may follow.
 	l.endProcess(ctx, span, began, err, settlement)
+	if l.killSwitch != nil {
+		if failed, counted := l.failedForGood(dd, err, settlement); counted && !dd.recorded && l.killSwitch.record(time.Now(), failed) {
+			l.stopAllConsumers()
+		}
+	}
 	if settlement == middleware.Requeue {
 		c.waitBeforeRequeue(dd)
 	}
@@ -354,15 +424,16 @@ func rejectLoops(d *amqp.Delivery, queue string, err error) (loops bool) {
 	return false
 }
 
-// call runs the chain; a panic in a middleware outside CatchPanics becomes an
+// call runs h, the chain (or what replaces it past the redelivery limit); a
+// panic in a middleware outside CatchPanics, or in a recoverer, becomes an
 // error too, so one bad message never takes the process down.
-func (c *consumer) call(ctx context.Context, d *amqp.Delivery) (err error) {
+func (c *consumer) call(ctx context.Context, h middleware.Handler, d *amqp.Delivery) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = &middleware.PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return c.handle(ctx, d)
+	return h(ctx, d)
 }
 
 // waitBeforeRequeue delays the requeue of a message that has failed before
@@ -383,7 +454,7 @@ func (c *consumer) waitBeforeRequeue(dd *delivery) {
 	select {
 	case <-timer.C:
 	case <-c.ctx.Done():
-	case <-c.sv.interrupt:
+	case <-c.interrupt:
 	}
 }
 

@@ -39,10 +39,17 @@
 //
 // RabbitMQ closes a consumer's channel when a delivery stays unacknowledged
 // past its consumer_timeout (30 minutes by default), and every delivery on
-// that channel goes back to the queue. New refuses a chain whose Retries
-// alone may wait that long (WithConsumerTimeout tells it the broker's
-// setting); it finds them by building the chain, never by running it. What
-// New cannot know, the handler's time on each attempt and a delivery's turns
+// that channel goes back to the queue. New refuses a chain whose Retries'
+// waits, plus the handler's middleware.Timeout on every attempt, may last
+// that long (WithConsumerTimeout tells it the broker's setting); it finds
+// them by building the chain, never by running it. When the broker does
+// close a channel for it (406 "delivery acknowledgement on channel N timed
+// out"), the listener logs an error naming the queue and the settings that
+// decide the timeout, and replaces the consumer; the deliveries come back.
+// WithConsumerTimeoutArgument asks for a timeout per consumer, which
+// RabbitMQ 3.10.8 and 4.0.5 accept and ignore; on 4.0 the queue's
+// x-consumer-timeout argument works, checked once a minute. What New cannot
+// know without a Timeout, the handler's time on each attempt and a delivery's turns
 // behind the rest of the prefetch, the listener watches at run time: it logs
 // a warning, once per delivery, when the oldest delivery in flight reaches
 // 80% of the timeout, and Stats().OldestInFlight shows that age. It counts
@@ -51,6 +58,62 @@
 // WithPrefetch × handler time well under the timeout: the listener warns,
 // once per consumer, when its prefetch times its mean handler time reaches
 // that 80%.
+//
+// # Redelivery limit
+//
+// A message that kills the process handling it (out of memory, a crash in
+// cgo, os.Exit in a library, a SIGKILL for a stuck handler) never returns an
+// error: the broker requeues it when the connection drops and hands it to
+// the next instance, which dies too. WithRedeliveryLimit(n) reads the
+// x-delivery-count a quorum queue adds on each redelivery; a delivery
+// counted n times before goes to the recoverer of the chain's innermost
+// Recover with a *RedeliveryLimitError (ErrRedeliveryLimit) before any
+// middleware or the handler runs, or is rejected without requeue when the
+// chain has no Recover. The process span gets an EventRedeliveryLimit event;
+// recoverer.Republish writes the error into the fault headers.
+//
+// A crash returns every delivery in flight, and the broker counts one for
+// each: at full prefetch, the messages beside the one that kills the process
+// would reach the limit with it. So with the option each connection starts
+// carefully: one consumer at prefetch 1 while the returned messages come back
+// (the broker delivers them first), so that a crash counts only the message
+// that causes it; the first message never delivered before, once the
+// consumer has run a second, or a second without a handler running, ends
+// it. Two broker facts bound what n means (RabbitMQ 3.10.8 and 4.0.5):
+// every return counts (a lost connection, a requeue after a failure, a nack
+// at shutdown); and a connection that dies with several quorum consumers may
+// count the deliveries of one of them twice. Choose n of 3 or more, and
+// below the queue's own x-delivery-limit (20 by default on RabbitMQ 4).
+// Classic queues give no count, only the redelivered flag, which one lost
+// connection sets: the limit does not act on them, and the listener logs so
+// once.
+//
+// # Kill switch
+//
+// During a downstream outage every delivery fails, exhausts its retries and
+// goes to the DLQ: the whole queue, to be replayed by hand. WithKillSwitch
+// (MassTransit's kill switch) stops consuming instead: when, over the
+// tracking period, at least ActivationThreshold deliveries ended and the share
+// that failed for good reaches TripThreshold, the listener cancels its
+// consumers and ends their deliveries' waits, so what was in flight goes back
+// to the queue with a nack and nothing reaches the recoverer because of the
+// trip. A failure is counted as it is about to go to the recoverer (Recover
+// asks the listener first), so the one that trips the switch goes back too. After RestartTimeout (doubled at each trip in a row, up to
+// MaxRestartTimeout) one consumer at prefetch 1 probes; its first success
+// brings the others back, a failure trips it again. Stats().KillSwitch
+// shows the state; trips, probes and resumptions are logged.
+//
+// The breaker's state machine is ours, about a hundred lines. sony/gobreaker
+// v2.4.0 was the candidate: go 1.22, no dependency outside its tests, a
+// rolling window (BucketPeriod), ReadyToTrip over its counts for the trip
+// threshold and minimum activity, and a two-step API for outcomes reported
+// after the fact. failsafe-go v0.9.8's circuit breaker needs go 1.22 too but
+// brings gRPC and protobuf into the module graph. We use neither: the
+// library's dependencies are a closed list (amqp091-go, backoff/v4,
+// OpenTelemetry), gobreaker's open state has one fixed Timeout where the
+// kill switch backs off, and what matters here, stopping consumers and
+// keeping in-flight deliveries from the recoverer, is the listener's either
+// way.
 //
 // # Scaling
 //
@@ -91,7 +154,8 @@
 // messaging attributes, linked to the producer's span from the traceparent
 // header (WithProducerAsParent makes it the parent), and the metrics
 // messaging.process.duration, messaging.client.consumed.messages,
-// amqpretry.consumers.active and amqpretry.deliveries.parked. The providers
+// amqpretry.consumers.active and amqpretry.deliveries.parked (with a kill
+// switch, amqpretry.killswitch.trips and amqpretry.killswitch.state). The providers
 // (WithTracerProvider, WithMeterProvider, WithPropagators, defaulting to the
 // globals) reach the Retry and Recover of the chain, which add attempt spans
 // and their own metrics. Process spans are roots, whatever span Run's

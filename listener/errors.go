@@ -1,6 +1,9 @@
 package listener
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 var (
 	// ErrQueueNotFound: the queue does not exist (with WithMissingQueueFatal).
@@ -8,4 +11,41 @@ var (
 
 	// ErrAlreadyRunning: Run was called a second time.
 	ErrAlreadyRunning = errors.New("listener: Run called more than once")
+
+	// ErrRedeliveryLimit: a delivery had been delivered WithRedeliveryLimit
+	// times before without being settled, so the listener handed it to the
+	// chain's recoverer (or rejected it) without running the handler. See
+	// RedeliveryLimitError.
+	ErrRedeliveryLimit = errors.New("listener: redelivery limit reached")
 )
+
+// RedeliveryLimitError is the error a delivery past WithRedeliveryLimit is
+// recovered (or rejected) with. It matches ErrRedeliveryLimit; recoverers
+// write it as the fault (recoverer.Republish: x-exception-message, the
+// error type *listener.RedeliveryLimitError, and Deliveries as the attempts).
+type RedeliveryLimitError struct {
+	// Deliveries is the broker's x-delivery-count: how often the message was
+	// delivered before and not settled (a process that died while handling
+	// it, a lost connection, a requeue after a failure).
+	Deliveries int
+	Limit      int // WithRedeliveryLimit's n
+}
+
+func (e *RedeliveryLimitError) Error() string {
+	return fmt.Sprintf("listener: redelivery limit reached: delivered %d time%s before without being settled (limit %d), "+
+		"so the handler did not run again: it may crash the process (x-delivery-count counts every delivery that was "+
+		"not acked or rejected for good)", e.Deliveries, plural(e.Deliveries), e.Limit)
+}
+
+func (e *RedeliveryLimitError) Is(target error) bool { return target == ErrRedeliveryLimit }
+
+// AttemptsMade reports the deliveries, for recoverers that write the attempt
+// count (middleware.AttemptsMade).
+func (e *RedeliveryLimitError) AttemptsMade() int { return e.Deliveries }
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}

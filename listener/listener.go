@@ -31,10 +31,21 @@ type Listener struct {
 	spanName string
 	attrs    spanAttrs
 
+	// killSwitch is nil without WithKillSwitch.
+	killSwitch *killSwitch
+
+	// overLimit handles deliveries past WithRedeliveryLimit: the chain's
+	// recoverer, without the chain. Nil without the option.
+	overLimit    middleware.Handler
+	hasRecoverer bool
+
 	running atomic.Bool
 	stats   counters
 	// countsToldOnce: the log has said that the queue counts deliveries.
 	countsToldOnce atomic.Bool
+	// uncountedToldOnce: the log has said that the queue does not, so that
+	// WithRedeliveryLimit cannot act.
+	uncountedToldOnce atomic.Bool
 
 	mu        sync.Mutex
 	consumers map[*consumer]struct{} // active, for Stats
@@ -54,6 +65,9 @@ type Stats struct {
 	// the listener's hands; RabbitMQ closes the channel of one unsettled past
 	// its consumer_timeout, and the listener warns at 80% of it.
 	OldestInFlight time.Duration
+	// KillSwitch is the kill switch's state: "closed" (consuming),
+	// "tripped" or "probing"; "" without WithKillSwitch.
+	KillSwitch string
 }
 
 type counters struct {
@@ -97,13 +111,17 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	if mw == nil {
 		mw = middleware.Chain()
 	}
-	// Building the chain tells how long its Retries may wait, without
-	// running any of it. (Each consumer builds its own around its gate.)
+	// Building the chain tells how long its Retries may wait and which
+	// recoverer it ends in, without running any of it. (Each consumer
+	// builds its own around its gate.)
+	var survey chainctx.Survey
 	if h != nil {
-		if wait := chainctx.SurveyWait(func() { mw(h) }); wait >= cfg.consumerTimeout {
-			cfg.fail("the middleware's retries may hold a delivery for %v, longer than the consumer timeout %v: "+
-				"the broker would close the channel and redeliver it. Use fewer or shorter local retries and hand longer "+
-				"delays to broker-side retry tiers (package dlx), or raise consumer_timeout and WithConsumerTimeout together",
+		survey = chainctx.SurveyChain(func() { mw(h) })
+		if wait := survey.Wait; wait >= cfg.consumerTimeout {
+			cfg.fail("the middleware's retries may hold a delivery for %v (their waits, and the handler's Timeouts on every attempt), "+
+				"longer than the consumer timeout %v: the broker would close the channel and redeliver it. Use fewer or shorter "+
+				"local retries or a shorter middleware.Timeout, hand longer delays to broker-side retry tiers (package dlx), "+
+				"or raise consumer_timeout and WithConsumerTimeout together",
 				wait, cfg.consumerTimeout)
 		}
 	}
@@ -121,6 +139,12 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 		spanName:  "process " + queue,
 	}
 	l.attrs = newSpanAttrs(l.tel, queue)
+	if cfg.redeliveryLimit > 0 {
+		l.overLimit, l.hasRecoverer = overLimitHandler(survey.Recoverer, cfg.redeliveryLimit)
+	}
+	if cfg.killSwitch != nil {
+		l.killSwitch = newKillSwitch(*cfg.killSwitch)
+	}
 	return l, nil
 }
 
@@ -131,6 +155,10 @@ func (l *Listener) Stats() Stats {
 		Failed:   l.stats.failed.Load(),
 		Requeued: l.stats.requeued.Load(),
 		Rejected: l.stats.rejected.Load(),
+	}
+	if l.killSwitch != nil {
+		state, _, _ := l.killSwitch.current()
+		s.KillSwitch = state.String()
 	}
 	now := monotime()
 	l.mu.Lock()
@@ -234,10 +262,20 @@ func (sv *supervisor) loop(ctx context.Context) error {
 	}
 }
 
+// interruptAll ends every wait of every consumer: shutdown.
+func (sv *supervisor) interruptAll() {
+	sv.interruptOnce.Do(func() { close(sv.interrupt) })
+	sv.l.mu.Lock()
+	defer sv.l.mu.Unlock()
+	for c := range sv.l.consumers {
+		c.interruptWaits()
+	}
+}
+
 // shutdown ends every consumer: waits are interrupted at once, running
 // handlers get the shutdown timeout, then their context is cancelled.
 func (sv *supervisor) shutdown() {
-	sv.interruptOnce.Do(func() { close(sv.interrupt) })
+	sv.interruptAll()
 	done := make(chan struct{})
 	go func() { sv.consumers.Wait(); close(done) }()
 	timer := time.NewTimer(sv.l.cfg.shutdownTimeout)

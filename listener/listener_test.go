@@ -236,12 +236,17 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"bad scheme", "q", nil, h, []listener.Option{listener.WithURL("http://u:hunter2@localhost/")}, "WithURL: invalid AMQP URL \"http://u:xxxxx@localhost/\""},
 		{"bad node", "q", nil, h, []listener.Option{listener.WithURLs("amqp://u:hunter2@a/", "http://u:hunter2@b/")}, "WithURLs: invalid AMQP URL \"http://u:xxxxx@b/\""},
 		{"no nodes", "q", nil, h, []listener.Option{listener.WithURLs()}, "WithURLs expects at least one URL"},
-		{"retries past consumer_timeout", "q", middleware.Retry(300), h, nil, "the middleware's retries may hold a delivery for 49m25s, longer than the consumer timeout 30m0s"},
+		{"retries past consumer_timeout", "q", middleware.Retry(300), h, nil, "the middleware's retries may hold a delivery for 49m25s (their waits, and the handler's Timeouts on every attempt), longer than the consumer timeout 30m0s"},
+		{"handler timeouts past consumer_timeout", "q", middleware.Chain(middleware.Retry(3), middleware.Timeout(10*time.Minute)), h, nil, "may hold a delivery for 30m3s"},
 		{"custom consumer timeout", "q", middleware.Retry(5), h, []listener.Option{listener.WithConsumerTimeout(10 * time.Second)}, "retry tiers (package dlx)"},
 		{"nil logger", "q", nil, h, []listener.Option{listener.WithLogger(nil)}, "WithLogger expects a non-nil logger"},
 		{"requeue delay", "q", nil, h, []listener.Option{listener.WithRequeueDelay(time.Second, time.Millisecond)}, "WithRequeueDelay expects 0 <= initial <= max, got 1s, 1ms"},
 		{"scale interval", "q", nil, h, []listener.Option{listener.WithScaleInterval(5 * time.Millisecond)}, "WithScaleInterval expects at least 10ms, got 5ms"},
 		{"idle timeout", "q", nil, h, []listener.Option{listener.WithIdleTimeout(0)}, "WithIdleTimeout expects a duration > 0, got 0s"},
+		{"consumer timeout argument below 1s", "q", nil, h, []listener.Option{listener.WithConsumerTimeoutArgument(500 * time.Millisecond)}, "WithConsumerTimeoutArgument expects whole milliseconds, at least 1s, got 500ms"},
+		{"consumer timeout argument below the retries", "q", middleware.Retry(5), h, []listener.Option{listener.WithConsumerTimeoutArgument(10 * time.Second)}, "longer than the consumer timeout 10s"},
+		{"redelivery limit 0", "q", nil, h, []listener.Option{listener.WithRedeliveryLimit(0)}, "WithRedeliveryLimit expects 1 to 1073741824, got 0"},
+		{"negative redelivery limit", "q", nil, h, []listener.Option{listener.WithRedeliveryLimit(-3)}, "WithRedeliveryLimit expects 1 to 1073741824, got -3"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

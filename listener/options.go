@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
+	"github.com/amqpretry/amqpretry/internal/amqphdr"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
@@ -50,9 +51,13 @@ type config struct {
 	idleTimeout     time.Duration
 	drainTarget     time.Duration
 	missingFatal    bool
-	telemetry       telemetry.Config
-	producerParent  bool
-	errs            []error
+	redeliveryLimit int // 0: off
+	// consumerTimeoutArg is sent as x-consumer-timeout on basic.consume; 0: not sent
+	consumerTimeoutArg time.Duration
+	killSwitch         *KillSwitch // nil: off
+	telemetry          telemetry.Config
+	producerParent     bool
+	errs               []error
 }
 
 func defaultConfig() config {
@@ -218,6 +223,23 @@ func WithConsumerTimeout(d time.Duration) Option {
 	}
 }
 
+// WithConsumerTimeoutArgument asks the broker for a consumer timeout of d
+// on each of the listener's consumers, with the x-consumer-timeout argument
+// of basic.consume, and tells New so (as WithConsumerTimeout). Brokers that
+// do not know the argument ignore it silently: RabbitMQ 3.10.8 and 4.0.5
+// accept it and keep their consumer_timeout (tested); on RabbitMQ 4.0 the
+// x-consumer-timeout queue argument (dlx.Topology's QueueArguments) or a
+// consumer-timeout policy works instead, and 3.10 has only the global
+// consumer_timeout. d is whole milliseconds, at least 1s.
+func WithConsumerTimeoutArgument(d time.Duration) Option {
+	return func(c *config) {
+		if d < time.Second || d%time.Millisecond != 0 {
+			c.fail("WithConsumerTimeoutArgument expects whole milliseconds, at least 1s, got %v", d)
+		}
+		c.consumerTimeoutArg, c.consumerTimeout = d, d
+	}
+}
+
 // WithRequeueDelay sets how long a redelivered message that fails again waits
 // before it is requeued, so that a poison message without a recoverer comes
 // back once a second instead of a thousand times. The delay doubles with the
@@ -283,3 +305,40 @@ func WithProducerAsParent() Option { return func(c *config) { c.producerParent =
 // WithMissingQueueFatal makes a missing queue end Run with ErrQueueNotFound
 // instead of being retried with backoff.
 func WithMissingQueueFatal() Option { return func(c *config) { c.missingFatal = true } }
+
+// WithRedeliveryLimit protects the fleet from a message that kills the
+// process handling it (out of memory, a crash in cgo, os.Exit in a library,
+// a SIGKILL for a stuck handler): no Retry ever sees an error, and the broker
+// hands the message to the next instance, which dies too. A delivery that
+// the broker says was delivered n times before without being settled
+// (x-delivery-count, which only quorum queues report) goes to the chain's
+// recoverer with a *RedeliveryLimitError, before the handler or any
+// middleware runs; with no Recover in the chain it is rejected without
+// requeue (the queue's dead-letter exchange takes it, if it has one).
+//
+// The recoverer is that of the Recover nearest the handler, the one a
+// Permanent error of the handler reaches; New finds it by building the
+// chain, never by running it. A recoverer that fails leaves the message on
+// its queue, as always.
+//
+// Every return counts toward x-delivery-count: a crash, a lost connection,
+// a requeue after a failure, and before RabbitMQ 4.3 a shutdown's nack. So
+// that messages in flight beside the one that kills the process are not
+// counted along with it at every crash, the listener starts (and restarts
+// after a lost connection) with one consumer at prefetch 1 until the
+// returned messages are through (see "Redelivery limit" in the package
+// doc). Pick n above the returns a healthy message may see, 3 or more, and
+// below the queue's own delivery limit (20 by default on RabbitMQ 4), past
+// which the broker dead-letters or drops the message itself.
+//
+// Classic queues report no x-delivery-count, only the redelivered flag,
+// which a single lost connection sets: there the limit cannot act, and the
+// listener says so once, at the first redelivered message. Default: off.
+func WithRedeliveryLimit(n int) Option {
+	return func(c *config) {
+		if n < 1 || n > amqphdr.MaxCount {
+			c.fail("WithRedeliveryLimit expects 1 to %d, got %d", amqphdr.MaxCount, n)
+		}
+		c.redeliveryLimit = n
+	}
+}

@@ -42,8 +42,8 @@ func BenchmarkDeliveryOverhead(b *testing.B) {
 			sv := &supervisor{l: l, ctx: context.Background(), interrupt: make(chan struct{})}
 			sv.handlerCtx, sv.cancelHandlers = context.WithCancel(context.Background())
 			defer sv.cancelHandlers()
-			c := &consumer{sv: sv, gate: make(chan struct{}, 1)}
-			c.ctx = sv.chainContext(sv.handlerCtx)
+			c := &consumer{sv: sv, gate: make(chan struct{}, 1), interrupt: make(chan struct{})}
+			c.ctx = sv.chainContext(sv.handlerCtx, c.interrupt)
 			c.handle = l.mw(c.gated(middleware.CatchPanics()(handler)))
 			b.ReportAllocs()
 			for b.Loop() {

@@ -33,7 +33,12 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 	if err := sv.declare(conn.Connection); err != nil {
 		return err
 	}
-	s := &session{sv: sv, conn: conn.Connection, ended: make(chan *consumer, l.cfg.max)}
+	s := &session{sv: sv, conn: conn.Connection, ended: make(chan *consumer, l.cfg.max), calm: make(chan struct{}, 1)}
+	if l.killSwitch != nil && l.killSwitch.resumeTripped(time.Now()) {
+		s.tripped = true // the probe comes on the next tick that finds it due
+	} else if l.cfg.redeliveryLimit > 0 {
+		s.beCareful()
+	}
 	s.restart = backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(500*time.Millisecond),
 		backoff.WithMaxInterval(30*time.Second),
@@ -52,7 +57,7 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 			for _, c := range s.active {
 				c.stop()
 			}
-			sv.interruptOnce.Do(func() { close(sv.interrupt) })
+			sv.interruptAll()
 			sv.shutdown() // the connection stays open until in-flight deliveries are settled
 			return nil
 		case err := <-connClosed:
@@ -66,11 +71,33 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 			if err := s.fillToMin(); err != nil {
 				return err
 			}
-		case <-ticker.C:
+		case <-s.calm:
+			if s.calmEnough() {
+				s.endCare("a message that was never delivered before arrived")
+				if err := s.fillToMin(); err != nil {
+					return err
+				}
+			}
+		case <-s.trippedSignal():
+			s.trip()
+		case <-s.probeSucceeded():
+			s.resume()
 			if err := s.fillToMin(); err != nil {
 				return err
 			}
-			s.scale()
+		case <-ticker.C:
+			if s.tripped && l.killSwitch.probeDue(time.Now()) {
+				s.probe()
+			}
+			if s.careful && s.carefulIdle() {
+				s.endCare("no returned message for a second")
+			}
+			if err := s.fillToMin(); err != nil {
+				return err
+			}
+			if !s.careful && !s.tripped && !s.probing {
+				s.scale()
+			}
 			l.watchAges()
 		}
 	}
@@ -104,6 +131,17 @@ type session struct {
 	active  []*consumer // oldest first
 	control *amqp.Channel
 
+	// careful: one consumer at prefetch 1 until the returned messages are
+	// through (WithRedeliveryLimit; redelivery.go). A fresh message on calm,
+	// or a second with nothing to do, ends it.
+	careful      bool
+	carefulSince time.Time // when the careful consumer started
+	calm         chan struct{}
+
+	// tripped: the kill switch stopped consuming; probing: one consumer at
+	// prefetch 1 tries again (killswitch.go).
+	tripped, probing bool
+
 	restart    *backoff.ExponentialBackOff
 	restartAt  time.Time
 	redeclared bool // declared again since the last consumer started
@@ -116,7 +154,14 @@ type session struct {
 // off while the queue is missing or the broker refuses.
 func (s *session) fillToMin() error {
 	l := s.sv.l
-	for len(s.active) < l.cfg.min && !time.Now().Before(s.restartAt) && s.sv.ctx.Err() == nil {
+	want := l.cfg.min
+	switch {
+	case s.tripped:
+		return nil
+	case s.careful, s.probing:
+		want = 1
+	}
+	for len(s.active) < want && !time.Now().Before(s.restartAt) && s.sv.ctx.Err() == nil {
 		if err := s.add(); err != nil {
 			if s.conn.IsClosed() {
 				return nil // the connection loss arrives next
@@ -151,9 +196,20 @@ func (s *session) fillToMin() error {
 }
 
 func (s *session) add() error {
-	c, err := s.sv.startConsumer(s.conn, s.ended)
+	var calm chan<- struct{}
+	prefetch := 0
+	if s.careful {
+		calm, prefetch = s.calm, 1
+	}
+	if s.probing {
+		prefetch = 1
+	}
+	c, err := s.sv.startConsumer(s.conn, s.ended, calm, prefetch)
 	if err != nil {
 		return err
+	}
+	if s.careful {
+		s.carefulSince = time.Now()
 	}
 	s.active = append(s.active, c)
 	return nil

@@ -48,6 +48,18 @@
 // goroutine, so a healthy message costs no goroutine and a waiting one never
 // stalls its consumer. Call WillWait in your own middlewares before they wait.
 //
+// # Timeout
+//
+// Timeout(d) gives the handler's context a deadline d later. A call that
+// returns after it fails with a *TimeoutError (ErrTimeout), whatever it
+// returned, so Retry retries it and Recover recovers it like any failure;
+// a handler that ignored the deadline is reported with a warning when it
+// finally returns. Put it innermost, Chain(Retry(3), Recover(r), Timeout(d)),
+// so that it bounds each attempt. Placed around a Retry it bounds the whole
+// delivery instead, and a wait it cuts short is a timeout, not a shutdown.
+// listener.New counts d on every attempt toward the delivery's worst case,
+// with the Retries' waits, against the broker's consumer_timeout.
+//
 // # State
 //
 // A Middleware built by Retry is immutable and safe to share; each delivery gets

@@ -45,6 +45,9 @@ func Recover(r Recoverer) Middleware {
 		panic("middleware: Recover expects a non-nil Recoverer")
 	}
 	return func(next Handler) Handler {
+		// The listener surveys the chain as it builds it: deliveries past
+		// their redelivery limit go to r without running the chain.
+		chainctx.RecovererBuilt(r)
 		return func(ctx context.Context, d *amqp.Delivery) error {
 			err := next(ctx, d)
 			if err == nil || errors.Is(err, ErrInterrupted) {
@@ -60,6 +63,11 @@ func Recover(r Recoverer) Middleware {
 			}
 			if willRetry(ctx, err) {
 				return err
+			}
+			if stop := chainctx.Recovering(ctx, err); stop != nil {
+				// The listener stopped consuming (its kill switch): the
+				// message goes back to the queue, not to the recoverer.
+				return &InterruptedError{Attempt: Attempt(ctx), Reason: stop, Last: err}
 			}
 			WillWait(ctx) // a recoverer does I/O, which may wait out an outage
 			rerr := r.Recover(ctx, d, err)

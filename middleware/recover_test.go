@@ -195,3 +195,17 @@ func TestRecovererFunc(t *testing.T) {
 		t.Fatalf("err = %v, recovered %v", err, got)
 	}
 }
+
+// Building a chain tells the listener's survey which Recoverer a Permanent
+// error of the handler reaches: the innermost Recover's.
+func TestRecoverReportsItsRecovererWhenBuilt(t *testing.T) {
+	inner := middleware.RecovererFunc(func(context.Context, *amqp.Delivery, error) error { return nil })
+	outer := middleware.RecovererFunc(func(context.Context, *amqp.Delivery, error) error { return nil })
+	h := func(context.Context, *amqp.Delivery) error { t.Fatal("the survey ran the handler"); return nil }
+	got := chainctx.SurveyChain(func() {
+		middleware.Chain(middleware.Recover(outer), middleware.Retry(2), middleware.Recover(inner))(h)
+	}).Recoverer
+	if r, ok := got.(middleware.RecovererFunc); !ok || fmt.Sprintf("%p", r) != fmt.Sprintf("%p", inner) {
+		t.Errorf("survey found %v, want the inner Recover's recoverer", got)
+	}
+}

@@ -94,7 +94,9 @@ func Attempt(ctx context.Context) int {
 // AttemptsMade reports how many attempts the Retry that returned err made,
 // when err came out of a Retry (exhausted, or stopped by a Permanent error or
 // RetryIf). A recoverer outside the Retry reads the count here; inside it,
-// Attempt(ctx) gives it.
+// Attempt(ctx) gives it. An error that knows its count from elsewhere says
+// so with an AttemptsMade() int method (listener.RedeliveryLimitError: the
+// deliveries that ended unsettled).
 func AttemptsMade(err error) (int, bool) {
 	var ex *RetriesExhaustedError
 	if errors.As(err, &ex) {
@@ -103,6 +105,10 @@ func AttemptsMade(err error) (int, bool) {
 	var st *stoppedError
 	if errors.As(err, &st) {
 		return st.attempts, true
+	}
+	var counted interface{ AttemptsMade() int }
+	if errors.As(err, &counted) {
+		return counted.AttemptsMade(), true
 	}
 	return 0, false
 }

@@ -1,6 +1,9 @@
 package chainctx
 
-import "context"
+import (
+	"context"
+	"log/slog"
+)
 
 type key int
 
@@ -8,6 +11,8 @@ const (
 	queueKey key = iota
 	interruptKey
 	waitHookKey
+	loggerKey
+	recoveryHookKey
 )
 
 // WithQueue records the queue a delivery came from; amqp.Delivery does not
@@ -56,4 +61,37 @@ func WillWait(ctx context.Context) {
 	if h, ok := ctx.Value(waitHookKey).(WaitHook); ok {
 		h.WillWait()
 	}
+}
+
+// WithLogger records the listener's logger, for middlewares that report
+// what a handler did (middleware.Timeout).
+func WithLogger(ctx context.Context, l *slog.Logger) context.Context {
+	return context.WithValue(ctx, loggerKey, l)
+}
+
+// Logger returns the logger given to WithLogger, or slog.Default().
+func Logger(ctx context.Context) *slog.Logger {
+	if l, ok := ctx.Value(loggerKey).(*slog.Logger); ok && l != nil {
+		return l
+	}
+	return slog.Default()
+}
+
+// RecoveryHook is told that a delivery failed for good and is about to go
+// to its recoverer, with the cause: the listener's kill switch counts it as a
+// failure, though a recovered delivery is acked. A non-nil error stops the
+// recovery (the switch has tripped): the delivery goes back to its queue.
+type RecoveryHook interface{ Recovering(cause error) error }
+
+// RecoveryHookKey is the key Recovering looks the RecoveryHook up under, for
+// a context type that answers for it in its own Value method.
+const RecoveryHookKey = recoveryHookKey
+
+// Recovering asks the RecoveryHook in ctx, if any, whether the delivery may
+// go to its recoverer because of cause: nil when it may.
+func Recovering(ctx context.Context, cause error) error {
+	if h, ok := ctx.Value(recoveryHookKey).(RecoveryHook); ok {
+		return h.Recovering(cause)
+	}
+	return nil
 }

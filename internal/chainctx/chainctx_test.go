@@ -115,3 +115,34 @@ func TestSurveyCountsOnlyItsOwnGoroutine(t *testing.T) {
 		t.Errorf("nested surveys: inner %v, outer %v; want 1m and 4s", inner, outer)
 	}
 }
+
+// The first Recover built is the innermost, the one a handler's Permanent
+// error reaches; one built outside a survey, or in a nested one, does not
+// count.
+func TestSurveyFindsTheInnermostRecoverer(t *testing.T) {
+	tests := []struct {
+		name  string
+		build func()
+		want  any
+	}{
+		{"none", func() { chainctx.RetryBuilt(time.Second, 2) }, nil},
+		{"one", func() { chainctx.RecovererBuilt("dlq") }, "dlq"},
+		{"inner first", func() {
+			chainctx.RecovererBuilt("inner")
+			chainctx.RetryBuilt(time.Second, 2)
+			chainctx.RecovererBuilt("outer")
+		}, "inner"},
+		{"nested survey keeps its own", func() {
+			chainctx.SurveyChain(func() { chainctx.RecovererBuilt("other chain") })
+			chainctx.RecovererBuilt("mine")
+		}, "mine"},
+	}
+	chainctx.RecovererBuilt("outside") // no survey: nobody counts it
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := chainctx.SurveyChain(tt.build).Recoverer; got != tt.want {
+				t.Errorf("Recoverer = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

@@ -10,28 +10,42 @@ import (
 	"time"
 )
 
-// SurveyWait builds a chain by calling build, and returns the longest time
-// the Retries built meanwhile may keep one delivery waiting between attempts,
-// handler time not included. The listener compares it with the broker's
-// consumer_timeout.
+// Survey is what building a chain told about it.
+type Survey struct {
+	// Wait is the longest time the Retries built may keep one delivery
+	// waiting between attempts, plus the handler time a Timeout bounds:
+	// handler time without a Timeout is not included. The listener
+	// compares it with the broker's consumer_timeout.
+	Wait time.Duration
+	// Recoverer is the Recoverer of the Recover nearest the handler (the
+	// first built), or nil: the one a Permanent error of the handler
+	// reaches. The listener hands it deliveries past their redelivery
+	// limit without running the chain.
+	Recoverer any
+}
+
+// SurveyChain builds a chain by calling build, and returns what the Retries
+// and Recovers built meanwhile reported.
 //
 // Nothing of the chain runs: building a middleware is calling it with the
-// handler it wraps, and a Retry being built reports its policy (RetryBuilt).
-// So a middleware that copies the delivery, reads its headers or has side
-// effects is never called on a message that does not exist, and Retries below
-// a middleware that calls next conditionally are counted all the same. A
-// Retry that a middleware builds only when a message arrives is not seen.
+// handler it wraps, and a Retry or Recover being built reports itself
+// (RetryBuilt, RecovererBuilt). So a middleware that copies the delivery,
+// reads its headers or has side effects is never called on a message that
+// does not exist, and Retries below a middleware that calls next
+// conditionally are counted all the same. A Retry or Recover that a
+// middleware builds only when a message arrives is not seen.
 //
 // Builders run inside out: Chain(a, b)(h) builds b before a. A Retry being
 // built therefore wraps whatever the survey has seen and not yet attributed
 // to an enclosing Retry; it may wait its own worst case plus, on every
 // attempt, theirs. Retries a middleware builds side by side (one branch or
-// the other) count as if nested: the estimate is never short.
+// the other) count as if nested: the estimate is never short. For the same
+// reason the first Recover built is the innermost.
 //
-// A survey counts only the Retries built on the goroutine that runs it, so
+// A survey counts only what is built on the goroutine that runs it, so
 // chains built elsewhere at the same time (other listeners starting
 // consumers, a test in parallel) do not leak into it; surveys may nest.
-func SurveyWait(build func()) time.Duration {
+func SurveyChain(build func()) Survey {
 	id := goroutineID()
 	s := &survey{}
 	outer, nested := surveys.Load(id)
@@ -46,22 +60,51 @@ func SurveyWait(build func()) time.Duration {
 		}
 	}()
 	build()
-	return s.unclaimed
+	return Survey{Wait: s.unclaimed, Recoverer: s.recoverer}
 }
+
+// SurveyWait is SurveyChain(build).Wait.
+func SurveyWait(build func()) time.Duration { return SurveyChain(build).Wait }
 
 // RetryBuilt is called by a Retry as it wraps its next handler: worst is the
 // longest it may wait between its own attempts and attempts the most it makes.
 // When no survey runs anywhere it costs one atomic load.
 func RetryBuilt(worst time.Duration, attempts int) {
-	if running.Load() == 0 {
+	s := current()
+	if s == nil {
 		return
+	}
+	s.unclaimed = addSaturating(worst, mulSaturating(s.unclaimed, attempts))
+}
+
+// TimeoutBuilt is called by a Timeout as it wraps its next handler: one
+// call through it lasts d at most, waits and handler time together (a
+// handler that ignores its deadline is reported and failed, and New
+// cannot count past it). From here on the survey counts handler time too.
+func TimeoutBuilt(d time.Duration) {
+	if s := current(); s != nil {
+		s.unclaimed = d
+	}
+}
+
+// RecovererBuilt is called by a Recover as it wraps its next handler, with
+// its Recoverer. When no survey runs anywhere it costs one atomic load.
+func RecovererBuilt(r any) {
+	if s := current(); s != nil && s.recoverer == nil {
+		s.recoverer = r
+	}
+}
+
+// current is the survey running on this goroutine, or nil.
+func current() *survey {
+	if running.Load() == 0 {
+		return nil
 	}
 	v, ok := surveys.Load(goroutineID())
 	if !ok {
-		return
+		return nil
 	}
-	s := v.(*survey)
-	s.unclaimed = addSaturating(worst, mulSaturating(s.unclaimed, attempts))
+	return v.(*survey)
 }
 
 var (
@@ -74,6 +117,7 @@ type survey struct {
 	// unclaimed is the worst case of what has been built and is not yet
 	// wrapped by a Retry.
 	unclaimed time.Duration
+	recoverer any // the first Recover's
 }
 
 // goroutineID is the number the runtime prints for the current goroutine in

@@ -46,6 +46,8 @@ type Metrics struct {
 	Recoveries        metric.Int64Counter                   // amqpretry.recoveries, by outcome
 	ActiveConsumers   metric.Int64UpDownCounter             // amqpretry.consumers.active
 	Parked            metric.Int64UpDownCounter             // amqpretry.deliveries.parked
+	KillSwitchTrips   metric.Int64Counter                   // amqpretry.killswitch.trips
+	KillSwitchState   metric.Int64Gauge                     // amqpretry.killswitch.state: 0 closed, 1 tripped, 2 probing
 
 	mu        sync.RWMutex
 	sets      map[setKey]*Attrs      // see Attrs
@@ -99,6 +101,10 @@ func newMetrics(mp metric.MeterProvider) *Metrics {
 		metric.WithDescription("Consumers a listener runs now."))
 	m.Parked, _ = meter.Int64UpDownCounter("amqpretry.deliveries.parked", metric.WithUnit("{message}"),
 		metric.WithDescription("Deliveries waiting between attempts or before a requeue, holding no worker."))
+	m.KillSwitchTrips, _ = meter.Int64Counter("amqpretry.killswitch.trips", metric.WithUnit("{trip}"),
+		metric.WithDescription("Times a listener's kill switch stopped consuming."))
+	m.KillSwitchState, _ = meter.Int64Gauge("amqpretry.killswitch.state", metric.WithUnit("1"),
+		metric.WithDescription("A listener's kill switch: 0 closed (consuming), 1 tripped, 2 probing."))
 	return m
 }
 

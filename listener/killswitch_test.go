@@ -1,0 +1,107 @@
+package listener_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/listener"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+// A downstream outage: every delivery fails. Without a kill switch the
+// chain exhausts its retries and sends the whole queue to the DLQ. With one,
+// the listener trips after a few failures, stops consuming (the broker shows
+// no consumer and the messages stay on the queue), probes after the restart
+// timeout, backs off while the outage lasts, and once it ends consumes
+// everything: the few failures before the trip on the DLQ, the rest handled.
+func TestKillSwitchStopsConsumingDuringAnOutage(t *testing.T) {
+	const n = 200
+	tests := []struct {
+		name       string
+		killSwitch bool
+	}{
+		{"without", false},
+		{"with", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q, dlq := brokertest.Name(t, "q"), brokertest.Name(t, "dlq")
+			brokertest.Queue(t, q, nil)
+			brokertest.Queue(t, dlq, nil)
+			pub, err := publisher.New(brokertest.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pub.Close()
+			var down atomic.Bool
+			down.Store(true)
+			chain := middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(10*time.Millisecond)),
+				middleware.Recover(recoverer.Republish(pub, "", dlq)))
+			handle := func(context.Context, *amqp.Delivery) error {
+				if down.Load() {
+					return errors.New("database unavailable")
+				}
+				return nil
+			}
+			var log logBuffer
+			o := observe(t)
+			opts := append(o.options(), listener.WithPrefetch(10), listener.WithLogger(log.logger()))
+			if tt.killSwitch {
+				opts = append(opts, listener.WithKillSwitch(listener.KillSwitch{
+					TripThreshold: 0.5, ActivationThreshold: 5, TrackingPeriod: 10 * time.Second, RestartTimeout: 200 * time.Millisecond}))
+			}
+			publishN(t, q, n)
+			r := start(t, q, chain, handle, opts...)
+			if !tt.killSwitch {
+				brokertest.Eventually(t, 30*time.Second, "every message settled", func() bool { return r.Stats().Handled == n })
+				r.Stop(t)
+				if got := brokertest.Depth(t, dlq); got != n {
+					t.Errorf("without a kill switch the DLQ holds %d, want all %d", got, n)
+				}
+				return
+			}
+			brokertest.Eventually(t, 10*time.Second, "the kill switch tripped", func() bool { return log.count("kill switch tripped") > 0 })
+			brokertest.Eventually(t, 10*time.Second, "no consumer on the queue", func() bool { return brokertest.Consumers(t, q) == 0 })
+			if st := r.Stats().KillSwitch; st != "tripped" && st != "probing" {
+				t.Errorf("Stats().KillSwitch = %q while tripped", st)
+			}
+			if got := brokertest.Depth(t, q); got < n/2 {
+				t.Errorf("only %d of %d messages wait on the queue while tripped", got, n)
+			}
+			// The outage lasts through a probe or more.
+			brokertest.Eventually(t, 10*time.Second, "a probe", func() bool { return log.count("probing with one consumer") > 0 })
+			down.Store(false)
+			brokertest.Eventually(t, 30*time.Second, "every message settled", func() bool { return r.Stats().Handled == n })
+			r.Stop(t)
+			dead := brokertest.Depth(t, dlq)
+			t.Logf("%d on the DLQ, %d trips, %d probes", dead, log.count("kill switch tripped"), log.count("probing with one consumer"))
+			// Failures are counted as they go to the recoverer: those before
+			// the one that trips it (fewer than ActivationThreshold, 5, when
+			// all fail) are dead-lettered; that one and every later one go
+			// back to the queue.
+			if dead >= 5 {
+				t.Errorf("the DLQ holds %d of %d, want fewer than the ActivationThreshold: the trip did not keep the outage from dead-lettering", dead, n)
+			}
+			if brokertest.Depth(t, q) != 0 {
+				t.Errorf("the queue still holds %d", brokertest.Depth(t, q))
+			}
+			if st := r.Stats().KillSwitch; st != "closed" {
+				t.Errorf("Stats().KillSwitch = %q after the outage, want closed", st)
+			}
+			if trips := o.sum(t, "amqpretry.killswitch.trips"); trips < 1 || int(trips) != log.count("kill switch tripped") {
+				t.Errorf("amqpretry.killswitch.trips = %d, want the %d trips logged", trips, log.count("kill switch tripped"))
+			}
+			if log.count("kill switch probe succeeded") == 0 {
+				t.Error("no probe succeeded")
+			}
+		})
+	}
+}

@@ -1,0 +1,79 @@
+package listener_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/listener"
+)
+
+// Without a Recover in the chain, a delivery at the limit is rejected
+// without requeue before the handler runs: here a quorum queue dead-letters
+// it to its DLQ. Requeues after failures count as deliveries too, so the
+// limit also ends a requeue loop. The process span records why.
+func TestRedeliveryLimitWithoutRecovererRejects(t *testing.T) {
+	o := observe(t)
+	q, dlq := brokertest.Name(t, "q"), brokertest.Name(t, "dlq")
+	brokertest.Queue(t, dlq, nil)
+	brokertest.Queue(t, q, amqp.Table{"x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+	var calls atomic.Int64
+	r := start(t, q, nil, func(context.Context, *amqp.Delivery) error { calls.Add(1); return errors.New("down") },
+		append(o.options(), listener.WithRedeliveryLimit(2), listener.WithRequeueDelay(0, 0))...)
+	publishN(t, q, 1)
+	brokertest.Eventually(t, 10*time.Second, "the message on the DLQ", func() bool { return brokertest.Depth(t, dlq) == 1 })
+	r.Stop(t)
+	if got := calls.Load(); got != 2 {
+		t.Errorf("the handler ran %d times, want 2: the third delivery (x-delivery-count 2) must not reach it", got)
+	}
+	var found bool
+	for _, s := range o.named("process " + q) {
+		for _, e := range s.Events() {
+			if e.Name != listener.EventRedeliveryLimit {
+				continue
+			}
+			found = true
+			for _, kv := range e.Attributes {
+				if (string(kv.Key) == listener.AttrDeliveryCount || string(kv.Key) == listener.AttrRedeliveryLimit) && kv.Value.AsInt64() != 2 {
+					t.Errorf("event attribute %s = %v, want 2", kv.Key, kv.Value.AsInt64())
+				}
+			}
+			if want := "*listener.RedeliveryLimitError"; attr(s, "error.type").AsString() != want {
+				t.Errorf("error.type = %q, want %q", attr(s, "error.type").AsString(), want)
+			}
+			if got := s.Status().Description; !strings.Contains(got, "redelivery limit reached") {
+				t.Errorf("span status %q does not say why", got)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no process span has a %q event", listener.EventRedeliveryLimit)
+	}
+}
+
+// Classic queues report no x-delivery-count: the limit cannot act, the
+// handler runs, and the log says so once.
+func TestRedeliveryLimitOnAClassicQueueSaysItCannotAct(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	var log logBuffer
+	var calls atomic.Int64
+	r := start(t, q, nil, func(context.Context, *amqp.Delivery) error {
+		if calls.Add(1) < 4 {
+			return errors.New("not yet")
+		}
+		return nil
+	}, listener.WithRedeliveryLimit(1), listener.WithRequeueDelay(0, 0), listener.WithLogger(log.logger()))
+	publishN(t, q, 1)
+	brokertest.Eventually(t, 10*time.Second, "the message handled", func() bool { return r.Stats().Handled == 1 })
+	r.Stop(t)
+	if n := log.count("WithRedeliveryLimit cannot act on this queue"); n != 1 {
+		t.Errorf("the log says %d times that the limit cannot act, want once:\n%s", n, log.String())
+	}
+}
