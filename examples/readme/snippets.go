@@ -185,3 +185,31 @@ func Shipping(ctx context.Context, db *sql.DB, url string, dlq middleware.Recove
 	}
 	return l.Run(ctx)
 }
+
+// RedeliveryLimit is the README's "A message that kills the process".
+func RedeliveryLimit(ctx context.Context, url string, topo dlx.Topology, dlq middleware.Recoverer, handle middleware.Handler) error {
+	l, err := listener.New("orders", middleware.Chain(middleware.Retry(5), middleware.Recover(dlq)), handle,
+		listener.WithURL(url), listener.WithDeclare(topo.Declare), // topo.Type: dlx.Quorum
+		listener.WithRedeliveryLimit(5))
+	if err != nil {
+		return err
+	}
+	return l.Run(ctx)
+}
+
+// KillSwitch is the README's "A downstream outage: the kill switch".
+func KillSwitch(ctx context.Context, url string, chain middleware.Middleware, handle middleware.Handler) error {
+	l, err := listener.New("orders", chain, handle, listener.WithURL(url),
+		listener.WithKillSwitch(listener.KillSwitch{}), // MassTransit's defaults: 15% of at least 10, restart after 1 min
+	)
+	if err != nil {
+		return err
+	}
+	return l.Run(ctx)
+}
+
+// LongHandlers is the README's "Handlers that outlive consumer_timeout".
+func LongHandlers(dlq middleware.Recoverer) middleware.Middleware {
+	chain := middleware.Chain(middleware.Retry(3), middleware.Recover(dlq), middleware.Timeout(2*time.Minute))
+	return chain
+}
