@@ -13,7 +13,8 @@ import (
 )
 
 // A handler slower than the queue's consumer timeout: RabbitMQ closes the
-// consumer's channel (at its next check, up to a minute later) and requeues
+// consumer's channel (at its next check, on the channel's tick: a minute by
+// default, 5 s on scripts/rabbit4.sh's node) and requeues
 // every delivery on it. The listener says so plainly, naming the queue and
 // the setting, replaces the consumer, and every message is handled: the
 // slow one on its redelivery, the ones queued behind it on the same channel
@@ -24,7 +25,7 @@ func TestSlowHandlerUnderAShortConsumerTimeoutLosesNothing(t *testing.T) {
 		t.Skip("RabbitMQ 3.x applies no per-queue consumer timeout (3.10 ignores x-consumer-timeout); its global consumer_timeout is shared")
 	}
 	if testing.Short() {
-		t.Skip("the broker checks consumer timeouts once a minute")
+		t.Skip("the broker checks consumer timeouts on its channel tick, once a minute by default")
 	}
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, amqp.Table{"x-consumer-timeout": int64(1000)})

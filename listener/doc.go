@@ -48,7 +48,8 @@
 // decide the timeout, and replaces the consumer; the deliveries come back.
 // WithConsumerTimeoutArgument asks for a timeout per consumer, which
 // RabbitMQ 3.10.8 and 4.0.5 accept and ignore; on 4.0 the queue's
-// x-consumer-timeout argument works, checked once a minute. What New cannot
+// x-consumer-timeout argument works, checked on the channel's tick (once a
+// minute by default). What New cannot
 // know without a Timeout, the handler's time on each attempt and a delivery's turns
 // behind the rest of the prefetch, the listener watches at run time: it logs
 // a warning, once per delivery, when the oldest delivery in flight reaches

@@ -115,6 +115,13 @@ EOF
 listeners.tcp.default = 127.0.0.1:$port
 log.file.level = warning
 EOF
+  # A channel checks its deliveries against consumer_timeout on its tick,
+  # once a minute by default; this test node checks every 5 s, so that a
+  # test of a short x-consumer-timeout waits seconds, not a minute.
+  cat >"$R/etc/rabbitmq/advanced.config" <<EOF
+%% Written by amqpretry's scripts/rabbit4.sh.
+[{rabbit, [{channel_tick_interval, 5000}]}].
+EOF
 }
 
 mount_all() {
