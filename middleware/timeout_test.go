@@ -1,38 +1,19 @@
 package middleware_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/chainctx"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/middleware"
 )
-
-// lockedBuffer is a log destination safe for concurrent writes.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 func TestTimeout(t *testing.T) {
 	blockUntilDone := func(ctx context.Context, _ *amqp.Delivery) error { <-ctx.Done(); return ctx.Err() }
@@ -72,7 +53,7 @@ func TestTimeout(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			calls = 0
-			var log lockedBuffer
+			var log testlog.Buffer
 			ctx := chainctx.WithLogger(middleware.WithQueue(context.Background(), "orders"), slog.New(slog.NewTextHandler(&log, nil)))
 			err := tt.mw(tt.h)(ctx, &amqp.Delivery{MessageId: "m-1"})
 			var te *middleware.TimeoutError

@@ -15,6 +15,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/faultproxy"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/outbox"
 	"github.com/amqpretry/amqpretry/outbox/internal/dbtest"
 	"github.com/amqpretry/amqpretry/publisher"
@@ -79,7 +80,7 @@ func TestDatabaseGoesAwayMidRelay(t *testing.T) {
 	}
 	t.Cleanup(proxy.Close)
 	relayDB := dbtest.Open(t, dbtest.WithHost(t, proxy.Addr(), password))
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	relayOutbox, err := outbox.New(relayDB, outbox.WithTable(schema+".outbox"), outbox.WithBatchSize(50),
 		outbox.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
@@ -204,7 +205,7 @@ func TestPasswordNeverShown(t *testing.T) {
 	t.Cleanup(proxy.Close)
 	proxy.Refuse(true) // a database that is down
 	db := dbtest.OpenLazy(t, dbtest.WithHost(t, proxy.Addr(), password))
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	ob, err := outbox.New(db, outbox.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
 		t.Fatal(err)
@@ -345,7 +346,7 @@ func TestBrokerOutageCountsNoTries(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close() })
-	var logs syncBuffer
+	var logs testlog.Buffer
 	relay := ob.Relay(pub, outbox.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 
 	proxy.Refuse(true)

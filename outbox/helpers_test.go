@@ -50,24 +50,6 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// syncBuffer collects log output for inspection.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func newPublisher(t testing.TB) *publisher.Publisher {
 	t.Helper()
 	brokertest.Dial(t) // skips or fails clearly without a broker

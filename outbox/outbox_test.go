@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/outbox"
 	"github.com/amqpretry/amqpretry/outbox/internal/dbtest"
 )
@@ -406,7 +407,7 @@ func TestLongestTableName(t *testing.T) {
 func TestRelayBeforeMigrate(t *testing.T) {
 	db := dbtest.DB(t)
 	schema := dbtest.Schema(t, db)
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	ob, err := outbox.New(db, outbox.WithTable(schema+".outbox"), outbox.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
 		t.Fatal(err)

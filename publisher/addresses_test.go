@@ -13,26 +13,9 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/faultproxy"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/publisher"
 )
-
-// lockedBuffer is a log a test reads while the publisher writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // Two "nodes" in front of the broker: when the publisher's node dies, it
 // dials the other one at once, never the dead one first, and every publish
@@ -45,7 +28,7 @@ func TestPublisherMovesToAnotherNodeWhenItsNodeDies(t *testing.T) {
 	a, urlA := brokertest.Proxy(t)
 	b, urlB := brokertest.Proxy(t)
 	nodes := map[string]*faultproxy.Proxy{amqpurl.Redact(urlA): a, amqpurl.Redact(urlB): b}
-	var logs lockedBuffer
+	var logs testlog.Buffer
 	p := newPublisher(t, urlA, publisher.WithURLs(urlB, urlA), publisher.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	first := loggedNode(t, logs.String(), "publisher: connected")
 	if err := p.Publish(ctxTimeout(t, 10*time.Second), "", q, amqp.Publishing{MessageId: "before"}); err != nil {
