@@ -11,6 +11,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/faultproxy"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/listener"
 )
 
@@ -29,10 +30,10 @@ func testMovesToAnotherNode(t *testing.T, opts ...listener.Option) {
 	a, urlA := brokertest.Proxy(t)
 	b, urlB := brokertest.Proxy(t)
 	nodes := map[string]*faultproxy.Proxy{amqpurl.Redact(urlA): a, amqpurl.Redact(urlB): b}
-	var logs logBuffer
+	var logs testlog.Buffer
 	s := newSeen()
 	r := start(t, q, nil, func(_ context.Context, d *amqp.Delivery) error { s.add(d.MessageId); return nil },
-		append(opts, listener.WithURLs(urlA, urlB), listener.WithLogger(logs.logger()))...)
+		append(opts, listener.WithURLs(urlA, urlB), listener.WithLogger(logs.Logger()))...)
 	brokertest.Eventually(t, 10*time.Second, "consuming", func() bool { return brokertest.Consumers(t, q) == 1 })
 	first := connectedTo(t, &logs, 1)
 	time.Sleep(1100 * time.Millisecond) // up long enough to count as a working node
@@ -59,7 +60,7 @@ func testMovesToAnotherNode(t *testing.T, opts ...listener.Option) {
 }
 
 // connectedTo returns the node named by the n-th "listener: connected" line.
-func connectedTo(t *testing.T, logs *logBuffer, n int) string {
+func connectedTo(t *testing.T, logs *testlog.Buffer, n int) string {
 	t.Helper()
 	var lines []string
 	for _, line := range strings.Split(logs.String(), "\n") {

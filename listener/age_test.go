@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -44,19 +45,19 @@ func TestWarnsWhenADeliveryNearsTheConsumerTimeout(t *testing.T) {
 			q := brokertest.Name(t, "q")
 			brokertest.Queue(t, q, nil)
 			brokertest.Publish(t, q, amqp.Publishing{MessageId: "slow"})
-			var logs logBuffer
+			var logs testlog.Buffer
 			oldest := time.Duration(0)
-			r := start(t, q, tt.mw, tt.handle, listener.WithConsumerTimeout(3*time.Second), listener.WithLogger(logs.logger()))
+			r := start(t, q, tt.mw, tt.handle, listener.WithConsumerTimeout(3*time.Second), listener.WithLogger(logs.Logger()))
 			brokertest.Eventually(t, 10*time.Second, "handled", func() bool {
 				oldest = max(oldest, r.Stats().OldestInFlight)
 				return r.Stats().Handled == 1
 			})
 			r.Stop(t)
-			if n := logs.count(nearTimeout); n != 1 {
+			if n := logs.Count(nearTimeout); n != 1 {
 				t.Fatalf("the warning was logged %d times, want once:\n%s", n, logs.String())
 			}
 			for _, want := range []string{"queue=" + q, "message_id=slow", "consumer_timeout=3s"} {
-				if logs.count(want) == 0 {
+				if logs.Count(want) == 0 {
 					t.Errorf("the log does not name %q:\n%s", want, logs.String())
 				}
 			}
@@ -78,21 +79,21 @@ func TestWarnsWhenThePrefetchAloneOutlastsTheConsumerTimeout(t *testing.T) {
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
 	publishN(t, q, 10)
-	var logs logBuffer
+	var logs testlog.Buffer
 	r := start(t, q, nil, func(context.Context, *amqp.Delivery) error { time.Sleep(300 * time.Millisecond); return nil },
-		listener.WithPrefetch(10), listener.WithConsumerTimeout(3*time.Second), listener.WithLogger(logs.logger()))
+		listener.WithPrefetch(10), listener.WithConsumerTimeout(3*time.Second), listener.WithLogger(logs.Logger()))
 	brokertest.Eventually(t, 10*time.Second, "handled", func() bool { return r.Stats().Handled == 10 })
 	r.Stop(t)
 	const warning = "the last delivery of a full prefetch waits most of the broker's consumer_timeout"
-	if n := logs.count(warning); n != 1 {
+	if n := logs.Count(warning); n != 1 {
 		t.Fatalf("the prefetch warning was logged %d times, want once:\n%s", n, logs.String())
 	}
 	for _, want := range []string{"prefetch=10", "mean_handler_time=3", "consumer_timeout=3s"} {
-		if logs.count(want) == 0 {
+		if logs.Count(want) == 0 {
 			t.Errorf("the log does not name %q:\n%s", want, logs.String())
 		}
 	}
-	if n := logs.count(nearTimeout); n != 0 {
+	if n := logs.Count(nearTimeout); n != 0 {
 		t.Errorf("a delivery was reported old; none stayed in flight 2.4s:\n%s", logs.String())
 	}
 }

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/listener"
 )
 
@@ -29,7 +30,7 @@ func TestSlowHandlerUnderAShortConsumerTimeoutLosesNothing(t *testing.T) {
 	}
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, amqp.Table{"x-consumer-timeout": int64(1000)})
-	var log logBuffer
+	var log testlog.Buffer
 	var slowCalls atomic.Int64
 	r := start(t, q, nil, func(ctx context.Context, d *amqp.Delivery) error {
 		if d.MessageId == "0" && slowCalls.Add(1) == 1 {
@@ -37,7 +38,7 @@ func TestSlowHandlerUnderAShortConsumerTimeoutLosesNothing(t *testing.T) {
 			return ctx.Err()
 		}
 		return nil
-	}, listener.WithLogger(log.logger()))
+	}, listener.WithLogger(log.Logger()))
 	publishN(t, q, 6) // "0" is slow; 1 to 5 wait behind it on the same consumer
 	begin := time.Now()
 	brokertest.Eventually(t, 90*time.Second, "every message handled", func() bool { return r.Stats().Handled == 6 })
@@ -46,7 +47,7 @@ func TestSlowHandlerUnderAShortConsumerTimeoutLosesNothing(t *testing.T) {
 	if n := brokertest.Depth(t, q); n != 0 {
 		t.Errorf("the queue still holds %d", n)
 	}
-	if log.count("stayed unacknowledged past the broker's consumer timeout") == 0 || log.count("queue="+q) == 0 || log.count("x-consumer-timeout") == 0 {
+	if log.Count("stayed unacknowledged past the broker's consumer timeout") == 0 || log.Count("queue="+q) == 0 || log.Count("x-consumer-timeout") == 0 {
 		t.Errorf("the log does not say plainly that the consumer timeout closed the channel, naming the queue and the setting:\n%s", log.String())
 	}
 	if slowCalls.Load() != 2 {

@@ -14,6 +14,7 @@ import (
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/faultproxy"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -220,18 +221,18 @@ func TestRequeueDelayFollowsTheDeliveryCount(t *testing.T) {
 func TestQuorumQueueLogsThatItCountsDeliveries(t *testing.T) {
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, amqp.Table{"x-queue-type": "quorum"})
-	log := &logBuffer{}
+	log := &testlog.Buffer{}
 	var calls atomic.Int64
 	r := start(t, q, nil, func(context.Context, *amqp.Delivery) error {
 		if calls.Add(1) <= 3 {
 			return errors.New("fails three times")
 		}
 		return nil
-	}, listener.WithRequeueDelay(0, 0), listener.WithLogger(log.logger()))
+	}, listener.WithRequeueDelay(0, 0), listener.WithLogger(log.Logger()))
 	publishN(t, q, 2)
 	brokertest.Eventually(t, 10*time.Second, "both handled", func() bool { return r.Stats().Handled == 2 })
 	r.Stop(t)
-	if n := log.count("counts deliveries"); n != 1 {
+	if n := log.Count("counts deliveries"); n != 1 {
 		t.Fatalf("logged %d times that the queue counts deliveries, want once:\n%s", n, log.String())
 	}
 }

@@ -128,27 +128,3 @@ func publishN(t *testing.T, queue string, n int) {
 	}
 	brokertest.Publish(t, queue, msgs...)
 }
-
-// logBuffer keeps what a listener logs, at every level, for a test to read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuffer) count(s string) int { return strings.Count(b.String(), s) }

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
@@ -51,9 +52,9 @@ func TestKillSwitchStopsConsumingDuringAnOutage(t *testing.T) {
 				}
 				return nil
 			}
-			var log logBuffer
+			var log testlog.Buffer
 			o := observe(t)
-			opts := append(o.options(), listener.WithPrefetch(10), listener.WithLogger(log.logger()))
+			opts := append(o.options(), listener.WithPrefetch(10), listener.WithLogger(log.Logger()))
 			if tt.killSwitch {
 				opts = append(opts, listener.WithKillSwitch(listener.KillSwitch{
 					TripThreshold: 0.5, ActivationThreshold: 5, TrackingPeriod: 10 * time.Second, RestartTimeout: 200 * time.Millisecond}))
@@ -68,7 +69,7 @@ func TestKillSwitchStopsConsumingDuringAnOutage(t *testing.T) {
 				}
 				return
 			}
-			brokertest.Eventually(t, 10*time.Second, "the kill switch tripped", func() bool { return log.count("kill switch tripped") > 0 })
+			brokertest.Eventually(t, 10*time.Second, "the kill switch tripped", func() bool { return log.Count("kill switch tripped") > 0 })
 			brokertest.Eventually(t, 10*time.Second, "no consumer on the queue", func() bool { return brokertest.Consumers(t, q) == 0 })
 			if st := r.Stats().KillSwitch; st != "tripped" && st != "probing" {
 				t.Errorf("Stats().KillSwitch = %q while tripped", st)
@@ -77,12 +78,12 @@ func TestKillSwitchStopsConsumingDuringAnOutage(t *testing.T) {
 				t.Errorf("only %d of %d messages wait on the queue while tripped", got, n)
 			}
 			// The outage lasts through a probe or more.
-			brokertest.Eventually(t, 10*time.Second, "a probe", func() bool { return log.count("probing with one consumer") > 0 })
+			brokertest.Eventually(t, 10*time.Second, "a probe", func() bool { return log.Count("probing with one consumer") > 0 })
 			down.Store(false)
 			brokertest.Eventually(t, 30*time.Second, "every message settled", func() bool { return r.Stats().Handled == n })
 			r.Stop(t)
 			dead := brokertest.Depth(t, dlq)
-			t.Logf("%d on the DLQ, %d trips, %d probes", dead, log.count("kill switch tripped"), log.count("probing with one consumer"))
+			t.Logf("%d on the DLQ, %d trips, %d probes", dead, log.Count("kill switch tripped"), log.Count("probing with one consumer"))
 			// Failures are counted as they go to the recoverer: those before
 			// the one that trips it (fewer than ActivationThreshold, 5, when
 			// all fail) are dead-lettered; that one and every later one go
@@ -96,10 +97,10 @@ func TestKillSwitchStopsConsumingDuringAnOutage(t *testing.T) {
 			if st := r.Stats().KillSwitch; st != "closed" {
 				t.Errorf("Stats().KillSwitch = %q after the outage, want closed", st)
 			}
-			if trips := o.sum(t, "amqpretry.killswitch.trips"); trips < 1 || int(trips) != log.count("kill switch tripped") {
-				t.Errorf("amqpretry.killswitch.trips = %d, want the %d trips logged", trips, log.count("kill switch tripped"))
+			if trips := o.sum(t, "amqpretry.killswitch.trips"); trips < 1 || int(trips) != log.Count("kill switch tripped") {
+				t.Errorf("amqpretry.killswitch.trips = %d, want the %d trips logged", trips, log.Count("kill switch tripped"))
 			}
-			if log.count("kill switch probe succeeded") == 0 {
+			if log.Count("kill switch probe succeeded") == 0 {
 				t.Error("no probe succeeded")
 			}
 		})

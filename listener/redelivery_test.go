@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/listener"
 )
 
@@ -62,18 +63,18 @@ func TestRedeliveryLimitWithoutRecovererRejects(t *testing.T) {
 func TestRedeliveryLimitOnAClassicQueueSaysItCannotAct(t *testing.T) {
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
-	var log logBuffer
+	var log testlog.Buffer
 	var calls atomic.Int64
 	r := start(t, q, nil, func(context.Context, *amqp.Delivery) error {
 		if calls.Add(1) < 4 {
 			return errors.New("not yet")
 		}
 		return nil
-	}, listener.WithRedeliveryLimit(1), listener.WithRequeueDelay(0, 0), listener.WithLogger(log.logger()))
+	}, listener.WithRedeliveryLimit(1), listener.WithRequeueDelay(0, 0), listener.WithLogger(log.Logger()))
 	publishN(t, q, 1)
 	brokertest.Eventually(t, 10*time.Second, "the message handled", func() bool { return r.Stats().Handled == 1 })
 	r.Stop(t)
-	if n := log.count("WithRedeliveryLimit cannot act on this queue"); n != 1 {
+	if n := log.Count("WithRedeliveryLimit cannot act on this queue"); n != 1 {
 		t.Errorf("the log says %d times that the limit cannot act, want once:\n%s", n, log.String())
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
@@ -25,20 +26,20 @@ const rejectLoops = "a message rejected for good came back to this queue after a
 // fix, as soon as the message comes back.
 func TestRejectThatLoopsIsReported(t *testing.T) {
 	topo := singleDelayTopology(t)
-	var logs logBuffer
+	var logs testlog.Buffer
 	var calls atomic.Int32
 	r := start(t, topo.Queue, nil, func(context.Context, *amqp.Delivery) error {
 		calls.Add(1)
 		return middleware.Permanent(errors.New("invalid order"))
-	}, listener.WithLogger(logs.logger()))
+	}, listener.WithLogger(logs.Logger()))
 	brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: "poison"})
-	brokertest.Eventually(t, 10*time.Second, "the loop reported", func() bool { return logs.count(rejectLoops) > 0 })
+	brokertest.Eventually(t, 10*time.Second, "the loop reported", func() bool { return logs.Count(rejectLoops) > 0 })
 	r.Stop(t)
 	if calls.Load() < 2 {
 		t.Errorf("handled %d times, want the message back at least once", calls.Load())
 	}
 	for _, want := range []string{"queue=" + topo.Queue, "message_id=poison", "RejectToRetry"} {
-		if logs.count(want) == 0 {
+		if logs.Count(want) == 0 {
 			t.Errorf("the report does not name %q:\n%s", want, logs.String())
 		}
 	}
@@ -53,13 +54,13 @@ func TestRejectToRetryIsNotReportedAsALoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	var logs logBuffer
+	var logs testlog.Buffer
 	r := start(t, topo.Queue, middleware.Recover(topo.RejectToRetry(2, recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey()))),
-		func(context.Context, *amqp.Delivery) error { return errors.New("downstream down") }, listener.WithLogger(logs.logger()))
+		func(context.Context, *amqp.Delivery) error { return errors.New("downstream down") }, listener.WithLogger(logs.Logger()))
 	brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: "m"})
 	brokertest.Eventually(t, 10*time.Second, "on the DLQ after two retries", func() bool { return brokertest.Depth(t, topo.DLQ()) == 1 })
 	r.Stop(t)
-	if logs.count(rejectLoops) != 0 {
+	if logs.Count(rejectLoops) != 0 {
 		t.Errorf("RejectToRetry's retries were reported as a loop:\n%s", logs.String())
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
@@ -438,7 +439,7 @@ func TestHandlerErrorWhoseMethodsPanic(t *testing.T) {
 			q := brokertest.Name(t, "q")
 			brokertest.Queue(t, q, nil)
 			brokertest.Publish(t, q, amqp.Publishing{MessageId: "m"})
-			var logs logBuffer
+			var logs testlog.Buffer
 			var recovered atomic.Int32
 			mw := tt.mw
 			if tt.recover {
