@@ -3,6 +3,7 @@ package middleware
 import (
 	"errors"
 	"fmt"
+	"github.com/amqpretry/amqpretry/internal/errtree"
 
 	"github.com/cenkalti/backoff/v4"
 )
@@ -48,12 +49,11 @@ func Permanent(err error) error {
 // IsPermanent reports whether err, or any error it wraps, was marked by
 // Permanent or by backoff.Permanent.
 func IsPermanent(err error) bool {
-	var ours *PermanentError
-	if errors.As(err, &ours) {
+	if _, ok := errtree.As[*PermanentError](err); ok {
 		return true
 	}
-	var theirs *backoff.PermanentError
-	return errors.As(err, &theirs)
+	_, ok := errtree.As[*backoff.PermanentError](err)
+	return ok
 }
 
 // RetriesExhaustedError is returned by Retry when no further attempt is
@@ -160,13 +160,12 @@ func HandlerError(err error) error {
 func ErrorType(err error) (name string) {
 	defer func() {
 		if recover() != nil { // errors.As called an As or Unwrap method of the user's that panics
-			name = fmt.Sprintf("%T", err)
+			name = errtree.TypeName(err)
 		}
 	}()
 	err = HandlerError(err)
-	var pe *PanicError
-	if errors.As(err, &pe) {
+	if _, ok := errtree.As[*PanicError](err); ok {
 		return "panic"
 	}
-	return fmt.Sprintf("%T", err)
+	return errtree.TypeName(err)
 }

@@ -2,7 +2,7 @@ package middleware
 
 import (
 	"context"
-	"errors"
+	"github.com/amqpretry/amqpretry/internal/errtree"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -98,16 +98,13 @@ func Attempt(ctx context.Context) int {
 // so with an AttemptsMade() int method (listener.RedeliveryLimitError: the
 // deliveries that ended unsettled).
 func AttemptsMade(err error) (int, bool) {
-	var ex *RetriesExhaustedError
-	if errors.As(err, &ex) {
+	if ex, ok := errtree.As[*RetriesExhaustedError](err); ok {
 		return ex.Attempts, true
 	}
-	var st *stoppedError
-	if errors.As(err, &st) {
+	if st, ok := errtree.As[*stoppedError](err); ok {
 		return st.attempts, true
 	}
-	var counted interface{ AttemptsMade() int }
-	if errors.As(err, &counted) {
+	if counted, ok := errtree.As[interface{ AttemptsMade() int }](err); ok {
 		return counted.AttemptsMade(), true
 	}
 	return 0, false
