@@ -1,13 +1,13 @@
 package recoverer
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/amqpretry/amqpretry/internal/amqptable"
 	"github.com/amqpretry/amqpretry/internal/errtext"
+	"github.com/amqpretry/amqpretry/internal/errtree"
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
@@ -15,11 +15,11 @@ import (
 // its value and stack; otherwise the chain of wrapped errors, one per line
 // with its Go type, outermost first, since a Go error has no stack.
 func StackTrace(err error) string {
-	var pe *middleware.PanicError
-	if errors.As(err, &pe) {
+	if pe, ok := errtree.As[*middleware.PanicError](err); ok {
 		return fmt.Sprintf("panic: %v\n\n%s", pe.Value, pe.Stack)
 	}
 	w := chainWriter{}
+	w.b.Grow(256) // a chain of a few errors, in one allocation
 	w.write(err, 0)
 	return w.b.String()
 }
@@ -52,7 +52,13 @@ func (w *chainWriter) write(err error, depth int) {
 		line = cut(line, maxChainLine)
 	}
 	line = strings.ReplaceAll(line, "\n", " | ") // one line per error (errors.Join uses newlines)
-	fmt.Fprintf(&w.b, "%s%T: %s\n", strings.Repeat("  ", depth), err, line)
+	for range depth {
+		w.b.WriteString("  ")
+	}
+	w.b.WriteString(errtree.TypeName(err))
+	w.b.WriteString(": ")
+	w.b.WriteString(line)
+	w.b.WriteByte('\n')
 	switch u := err.(type) {
 	case interface{ Unwrap() []error }:
 		for _, e := range u.Unwrap() {

@@ -49,7 +49,25 @@ type Republisher struct {
 	exchange   string
 	routingKey string
 	cfg        config
-	host       string
+	host       any // the host name, boxed once for the header table
+	keys       faultKeys
+}
+
+// faultKeys are the names of our fault headers, the prefix joined once.
+type faultKeys struct {
+	originalQueue, errorType, attempts, failedAt, host, originalExpiration, originalUserID string
+}
+
+func newFaultKeys(prefix string) faultKeys {
+	return faultKeys{
+		originalQueue:      prefix + SuffixOriginalQueue,
+		errorType:          prefix + SuffixErrorType,
+		attempts:           prefix + SuffixAttempts,
+		failedAt:           prefix + SuffixFailedAt,
+		host:               prefix + SuffixHost,
+		originalExpiration: prefix + SuffixOriginalExpiration,
+		originalUserID:     prefix + SuffixOriginalUserID,
+	}
 }
 
 var _ middleware.Recoverer = (*Republisher)(nil)
@@ -104,7 +122,7 @@ func Republish(pub Publisher, exchange, routingKey string, opts ...Option) *Repu
 		panic(errors.Join(errs...).Error())
 	}
 	host, _ := os.Hostname()
-	return &Republisher{pub: pub, exchange: exchange, routingKey: routingKey, cfg: cfg, host: host}
+	return &Republisher{pub: pub, exchange: exchange, routingKey: routingKey, cfg: cfg, host: host, keys: newFaultKeys(cfg.prefix)}
 }
 
 // Recover publishes the annotated copy and returns nil once the broker has
@@ -164,25 +182,25 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 		}
 	}
 	handlerErr := middleware.HandlerError(cause)
-	p := r.cfg.prefix
+	keys := &r.keys
 	// A message on a retry hop (a tier, a reject-to-retry cycle) was
 	// republished or dead-lettered already: keep where it was first sent.
 	exchange, key := amqphdr.OriginalDestination(d)
 	headers[HeaderOriginalExchange] = exchange
 	headers[HeaderOriginalRoutingKey] = key
-	headers[p+SuffixOriginalQueue] = chainctx.Queue(ctx)
-	headers[p+SuffixErrorType] = middleware.ErrorType(cause)
-	headers[p+SuffixAttempts] = int64(FailedAttempts(ctx, cause))
-	headers[p+SuffixFailedAt] = time.Now().UTC().Format(time.RFC3339Nano)
-	headers[p+SuffixHost] = r.host
+	headers[keys.originalQueue] = chainctx.Queue(ctx)
+	headers[keys.errorType] = middleware.ErrorType(cause)
+	headers[keys.attempts] = int64(FailedAttempts(ctx, cause))
+	headers[keys.failedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	headers[keys.host] = r.host
 
 	msg := amqptable.Publishing(d)
 	msg.DeliveryMode = amqp.Persistent
 	if d.Expiration != "" {
-		headers[p+SuffixOriginalExpiration] = d.Expiration // dead letters must not expire
+		headers[keys.originalExpiration] = d.Expiration // dead letters must not expire
 	}
 	if d.UserId != "" && d.UserId != r.pub.Username() {
-		headers[p+SuffixOriginalUserID] = d.UserId
+		headers[keys.originalUserID] = d.UserId
 		msg.UserId = ""
 	}
 
