@@ -84,8 +84,8 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("throughput %s: %+v", v.Name, v)
 		}
 	}
-	if got := len(res.Throughput.Variants); got != 4 {
-		t.Errorf("throughput: %d variants, want 4", got)
+	if got := len(res.Throughput.Variants); got != 5 {
+		t.Errorf("throughput: %d variants, want 5", got)
 	}
 	if got := len(res.Poison.Variants); got != 2 {
 		t.Errorf("poison flood: %d variants, want 2", got)
@@ -111,7 +111,7 @@ func TestSmoke(t *testing.T) {
 		t.Error("no broker version in the machine info")
 	}
 
-	for _, want := range []string{"| raw |", "| listener |", "| listener-otel |", "| watermill |", "| raw-republish |", "Scale-up", "Chain overhead"} {
+	for _, want := range []string{"| raw |", "| listener |", "| listener-otel |", "| otel-floor |", "| watermill |", "| raw-republish |", "Scale-up", "Chain overhead"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the report lacks %q:\n%s", want, out.String())
 		}
