@@ -50,7 +50,7 @@ type Config struct {
 func defaultConfig() Config {
 	return Config{
 		URL:                   defaultURL,
-		Rounds:                3,
+		Rounds:                5,
 		Messages:              30000,
 		ScaleBacklog:          3000,
 		Consumers:             2,

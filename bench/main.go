@@ -9,9 +9,13 @@
 //	go run . -rounds 1 -messages 5000 -skip schedule,watermill
 //	go run . -out /tmp/outbox -skip throughput,poison,schedule,scale,chain   # the outbox alone
 //
-// Throughput runs are interleaved (raw, listener, listener-otel, watermill,
-// raw, ...) and reported as medians: the broker shares the machine, and a
-// run's speed moves with whatever else the host is doing.
+// Throughput and poison-flood runs are interleaved, each round starting one
+// variant further along (raw, listener, listener-otel, otel-floor, watermill;
+// then listener, listener-otel, otel-floor, watermill, raw; ...), so that
+// with the default five rounds each throughput variant runs first once, and
+// reported as medians: the broker shares the machine, and a run's speed
+// moves with whatever else the host is doing. results.json has every sample
+// and the order each round ran in.
 package main
 
 import (
@@ -34,7 +38,7 @@ func main() {
 		cfg.DSN = u
 	}
 	cfg.Stdout, cfg.Log = os.Stdout, os.Stderr
-	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "interleaved rounds per comparison; medians are reported")
+	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "interleaved rounds per comparison, each starting one variant further along; medians are reported")
 	flag.IntVar(&cfg.Messages, "messages", cfg.Messages, "messages per happy-path run")
 	flag.IntVar(&cfg.PoisonMessages, "poison-messages", cfg.PoisonMessages, "messages per poison-flood run (0: as -messages)")
 	flag.IntVar(&cfg.ScaleBacklog, "scale-backlog", cfg.ScaleBacklog, "ready messages when the scale-up test starts")
