@@ -45,6 +45,9 @@ type Config struct {
 	Skip                  map[string]bool // section and variant names
 	Stdout                io.Writer       // the markdown report
 	Log                   io.Writer       // progress
+	// Profile, when set, is the directory where every throughput and
+	// poison-flood run writes a CPU and an allocation profile.
+	Profile string
 }
 
 func defaultConfig() Config {

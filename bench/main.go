@@ -16,6 +16,19 @@
 // reported as medians: the broker shares the machine, and a run's speed
 // moves with whatever else the host is doing. results.json has every sample
 // and the order each round ran in.
+//
+// With -profile DIR, every throughput and poison-flood run writes
+// DIR/<section>-<variant>-r<round>.cpu.pprof, a CPU profile of exactly the
+// measured run (not the queue's fill), and .allocs.pprof, the allocations
+// made during it (this run's alone, not the process's since it began; the
+// CPU profiler's own, runtime/pprof and compress/flate, among them).
+// Profiling costs time, so the report says when it was on. To see a
+// variant over all its rounds, merge them:
+//
+//	make bench PROFILE=1    # -profile results/profiles
+//	go tool pprof -proto results/profiles/throughput-listener-r*.cpu.pprof > listener.cpu.pprof
+//	go tool pprof -top listener.cpu.pprof
+//	go tool pprof -top -sample_index=alloc_space results/profiles/throughput-listener-r*.allocs.pprof
 package main
 
 import (
@@ -46,6 +59,7 @@ func main() {
 	flag.IntVar(&cfg.OutboxMessages, "outbox-messages", cfg.OutboxMessages, "rows per outbox throughput run (relay and raw publish as many)")
 	flag.IntVar(&cfg.OutboxLatencyMessages, "outbox-latency-messages", cfg.OutboxLatencyMessages, "orders committed one by one for the commit-to-publish latency")
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "directory for results.json and throughput.png")
+	flag.StringVar(&cfg.Profile, "profile", "", "directory for a CPU and an allocation profile of every throughput and poison-flood run (slows them)")
 	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(variantNames())+") to leave out")
 	flag.Parse()
 	var err error
@@ -86,6 +100,7 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 		Settings: Settings{
 			Rounds: cfg.Rounds, Messages: cfg.Messages, PoisonMessages: cfg.poisonMessages(),
 			Consumers: cfg.Consumers, Prefetch: cfg.Prefetch, SettleSeconds: cfg.Settle.Seconds(),
+			Profile: cfg.Profile,
 		},
 	}
 	r.Machine.Date = began.UTC().Format(time.RFC3339)

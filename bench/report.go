@@ -60,6 +60,9 @@ type Settings struct {
 	Prefetch       int      `json:"prefetch"`
 	SettleSeconds  float64  `json:"settle_seconds"`
 	Skipped        []string `json:"skipped,omitempty"`
+	// Profile is -profile's directory: the throughput and poison-flood runs
+	// were profiled, and slower for it.
+	Profile string `json:"profile_dir,omitempty"`
 }
 
 func machineInfo(b *broker) Machine {

@@ -148,8 +148,9 @@ func ratio(a, b float64) float64 {
 }
 
 // runOnce gives v a fresh queue holding n messages, lets the broker settle,
-// measures, and deletes the queue.
-func runOnce(ctx context.Context, e *env, section string, v variant, n, _ int) (s Sample, err error) {
+// measures, and deletes the queue. With -profile, the measured run (not the
+// fill) is CPU-profiled and its allocations are written after it.
+func runOnce(ctx context.Context, e *env, section string, v variant, n, round int) (s Sample, err error) {
 	q := uniqueName(section + "." + v.name)
 	cleanup, err := e.broker.queues(q)
 	if err != nil {
@@ -163,7 +164,15 @@ func runOnce(ctx context.Context, e *env, section string, v variant, n, _ int) (
 		return Sample{}, err
 	}
 	runtime.GC() // the fill's garbage is not the variant's to collect
-	return v.run(ctx, e, q, n)
+	if e.cfg.Profile == "" {
+		return v.run(ctx, e, q, n)
+	}
+	p, err := startProfile(e.cfg.Profile, fmt.Sprintf("%s-%s-r%d", section, v.name, round))
+	if err != nil {
+		return Sample{}, err
+	}
+	s, err = v.run(ctx, e, q, n)
+	return s, errors.Join(err, p.stop())
 }
 
 // sleep waits d or until ctx ends.
