@@ -144,6 +144,7 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 			return nil, fmt.Errorf("retry schedule: %w", err)
 		}
 	}
+	r.Goals = issueGoals(r)
 	r.WallSecs = time.Since(began).Seconds()
 	r.Machine.LoadAfter = loadAverage()
 
@@ -153,6 +154,9 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 	if r.Throughput != nil {
 		subtitle := fmt.Sprintf("%d consumers, prefetch %d, %d messages, %s %s, %s",
 			cfg.Consumers, cfg.Prefetch, cfg.Messages, r.Machine.Broker, r.Machine.BrokerVer, r.Machine.Date[:10])
+		if cfg.Profile != "" {
+			subtitle += ", profiled (slower)"
+		}
 		if err := writeChart(cfg.Out, r.Throughput, subtitle); err != nil {
 			return nil, fmt.Errorf("throughput.png: %w", err)
 		}
