@@ -321,15 +321,24 @@ func (w *protoWriter) varint(x uint64) {
 	w.b = append(w.b, byte(x))
 }
 
+// Wire types of the fields written.
+const (
+	wireVarint = 0
+	wireBytes  = 2
+)
+
+// key starts a field: its number and wire type.
+func (w *protoWriter) key(field int, wireType uint64) { w.varint(uint64(field)<<3 | wireType) }
+
 func (w *protoWriter) uint(field int, x uint64) {
-	w.varint(uint64(field)<<3 | 0)
+	w.key(field, wireVarint)
 	w.varint(x)
 }
 
 func (w *protoWriter) int(field int, x int64) { w.uint(field, uint64(x)) }
 
 func (w *protoWriter) bytes(field int, b []byte) {
-	w.varint(uint64(field)<<3 | 2)
+	w.key(field, wireBytes)
 	w.varint(uint64(len(b)))
 	w.b = append(w.b, b...)
 }
