@@ -85,9 +85,11 @@ suite:
 # About two and a half minutes: throughput against raw amqp091-go and Watermill, a
 # poison flood, scale-up, the retry schedule, the outbox relay against raw
 # confirmed publishing and its commit-to-publish latency (on PostgreSQL).
-# Writes bench/results/.
+# Writes bench/results/. PROFILE=1 also writes a CPU and an allocation profile
+# of every throughput and poison-flood run to bench/results/profiles/ (the runs
+# are slower for it; the report says so).
 bench: broker postgres
-	cd bench && DATABASE_URL='$(DATABASE_URL)' $(GO) run . -out results
+	cd bench && DATABASE_URL='$(DATABASE_URL)' $(GO) run . -out results$(if $(PROFILE), -profile results/profiles)
 
 broker:
 	@AMQP_URL=$(URL_3) scripts/broker.sh

@@ -45,12 +45,15 @@ type Config struct {
 	Skip                  map[string]bool // section and variant names
 	Stdout                io.Writer       // the markdown report
 	Log                   io.Writer       // progress
+	// Profile, when set, is the directory where every throughput and
+	// poison-flood run writes a CPU and an allocation profile.
+	Profile string
 }
 
 func defaultConfig() Config {
 	return Config{
 		URL:                   defaultURL,
-		Rounds:                3,
+		Rounds:                5,
 		Messages:              30000,
 		ScaleBacklog:          3000,
 		Consumers:             2,

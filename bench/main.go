@@ -9,9 +9,26 @@
 //	go run . -rounds 1 -messages 5000 -skip schedule,watermill
 //	go run . -out /tmp/outbox -skip throughput,poison,schedule,scale,chain   # the outbox alone
 //
-// Throughput runs are interleaved (raw, listener, listener-otel, watermill,
-// raw, ...) and reported as medians: the broker shares the machine, and a
-// run's speed moves with whatever else the host is doing.
+// Throughput and poison-flood runs are interleaved, each round starting one
+// variant further along (raw, listener, listener-otel, otel-floor, watermill;
+// then listener, listener-otel, otel-floor, watermill, raw; ...), so that
+// with the default five rounds each throughput variant runs first once, and
+// reported as medians: the broker shares the machine, and a run's speed
+// moves with whatever else the host is doing. results.json has every sample
+// and the order each round ran in.
+//
+// With -profile DIR, every throughput and poison-flood run writes
+// DIR/<section>-<variant>-r<round>.cpu.pprof, a CPU profile of exactly the
+// measured run (not the queue's fill), and .allocs.pprof, the allocations
+// made during it (this run's alone, not the process's since it began; the
+// CPU profiler's own, runtime/pprof and compress/flate, among them).
+// Profiling costs time, so the report says when it was on. To see a
+// variant over all its rounds, merge them:
+//
+//	make bench PROFILE=1    # -profile results/profiles
+//	go tool pprof -proto results/profiles/throughput-listener-r*.cpu.pprof > listener.cpu.pprof
+//	go tool pprof -top listener.cpu.pprof
+//	go tool pprof -top -sample_index=alloc_space results/profiles/throughput-listener-r*.allocs.pprof
 package main
 
 import (
@@ -34,7 +51,7 @@ func main() {
 		cfg.DSN = u
 	}
 	cfg.Stdout, cfg.Log = os.Stdout, os.Stderr
-	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "interleaved rounds per comparison; medians are reported")
+	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "interleaved rounds per comparison, each starting one variant further along; medians are reported")
 	flag.IntVar(&cfg.Messages, "messages", cfg.Messages, "messages per happy-path run")
 	flag.IntVar(&cfg.PoisonMessages, "poison-messages", cfg.PoisonMessages, "messages per poison-flood run (0: as -messages)")
 	flag.IntVar(&cfg.ScaleBacklog, "scale-backlog", cfg.ScaleBacklog, "ready messages when the scale-up test starts")
@@ -42,6 +59,7 @@ func main() {
 	flag.IntVar(&cfg.OutboxMessages, "outbox-messages", cfg.OutboxMessages, "rows per outbox throughput run (relay and raw publish as many)")
 	flag.IntVar(&cfg.OutboxLatencyMessages, "outbox-latency-messages", cfg.OutboxLatencyMessages, "orders committed one by one for the commit-to-publish latency")
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "directory for results.json and throughput.png")
+	flag.StringVar(&cfg.Profile, "profile", "", "directory for a CPU and an allocation profile of every throughput and poison-flood run (slows them)")
 	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(variantNames())+") to leave out")
 	flag.Parse()
 	var err error
@@ -82,6 +100,7 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 		Settings: Settings{
 			Rounds: cfg.Rounds, Messages: cfg.Messages, PoisonMessages: cfg.poisonMessages(),
 			Consumers: cfg.Consumers, Prefetch: cfg.Prefetch, SettleSeconds: cfg.Settle.Seconds(),
+			Profile: cfg.Profile,
 		},
 	}
 	r.Machine.Date = began.UTC().Format(time.RFC3339)
@@ -125,6 +144,7 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 			return nil, fmt.Errorf("retry schedule: %w", err)
 		}
 	}
+	r.Goals = issueGoals(r)
 	r.WallSecs = time.Since(began).Seconds()
 	r.Machine.LoadAfter = loadAverage()
 
@@ -134,6 +154,9 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 	if r.Throughput != nil {
 		subtitle := fmt.Sprintf("%d consumers, prefetch %d, %d messages, %s %s, %s",
 			cfg.Consumers, cfg.Prefetch, cfg.Messages, r.Machine.Broker, r.Machine.BrokerVer, r.Machine.Date[:10])
+		if cfg.Profile != "" {
+			subtitle += ", profiled (slower)"
+		}
 		if err := writeChart(cfg.Out, r.Throughput, subtitle); err != nil {
 			return nil, fmt.Errorf("throughput.png: %w", err)
 		}

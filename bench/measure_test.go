@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -64,5 +65,43 @@ func TestTally(t *testing.T) {
 	}
 	if tl.elapsed() < time.Millisecond {
 		t.Errorf("elapsed %v, want it to start at begin", tl.elapsed())
+	}
+}
+
+// Over k rounds each of k variants runs first once, and every round runs
+// them all.
+func TestRoundOrder(t *testing.T) {
+	list := []int{0, 2, 3} // variant 1 skipped
+	want := [][]int{{0, 2, 3}, {2, 3, 0}, {3, 0, 2}, {0, 2, 3}}
+	for i, w := range want {
+		if got := roundOrder(list, i+1); !slices.Equal(got, w) {
+			t.Errorf("round %d: %v, want %v", i+1, got, w)
+		}
+	}
+	if list[0] != 0 || list[1] != 2 {
+		t.Errorf("roundOrder changed its argument: %v", list)
+	}
+	if got := roundOrder(nil, 1); len(got) != 0 {
+		t.Errorf("no variants: %v", got)
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	c := &Comparison{Baseline: "raw", Variants: []VariantResult{
+		{Name: "raw", Samples: []Sample{{MsgPerSec: 100, CPUPerMsg: 10}, {MsgPerSec: 300, CPUPerMsg: 30}, {MsgPerSec: 200, CPUPerMsg: 20}}},
+		{Name: "listener", Samples: []Sample{{MsgPerSec: 150, CPUPerMsg: 30}}},
+	}}
+	c.summarize()
+	raw, l := c.variant("raw"), c.variant("listener")
+	if raw.MedianMsgPerSec != 200 || raw.RatioToBaseline != 1 || raw.CPURatioToBaseline != 1 {
+		t.Errorf("raw: %+v", raw)
+	}
+	if l.RatioToBaseline != 0.75 || l.CPURatioToBaseline != 1.5 {
+		t.Errorf("listener: %+v", l)
+	}
+	noBase := &Comparison{Baseline: "raw", Variants: []VariantResult{{Name: "listener", Samples: []Sample{{MsgPerSec: 1, CPUPerMsg: 1}}}}}
+	noBase.summarize()
+	if v := noBase.Variants[0]; v.RatioToBaseline != 0 || v.CPURatioToBaseline != 0 || v.MedianMsgPerSec != 1 {
+		t.Errorf("baseline skipped: %+v", v)
 	}
 }

@@ -97,15 +97,8 @@ func measureOutbox(ctx context.Context, e *env) (_ *OutboxResult, err error) {
 			results[i].Samples = append(results[i].Samples, s)
 		}
 	}
-	for i := range results {
-		var rates, cpus []float64
-		for _, s := range results[i].Samples {
-			rates, cpus = append(rates, s.MsgPerSec), append(cpus, s.CPUPerMsg)
-		}
-		results[i].MedianMsgPerSec, results[i].MedianCPUPerMsg = median(rates), median(cpus)
-		results[i].RatioToBaseline = results[i].MedianMsgPerSec / results[0].MedianMsgPerSec
-	}
 	c.Variants = results
+	c.summarize()
 
 	e.cfg.logf("outbox commit-to-publish latency: %d orders at %d/s", e.cfg.OutboxLatencyMessages, outboxLatencyRate)
 	lat, err := b.latency(ctx, e.cfg.OutboxLatencyMessages)

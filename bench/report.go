@@ -21,6 +21,7 @@ type Results struct {
 	ScaleUp    *ScaleUp       `json:"scale_up,omitempty"`
 	Chain      *ChainOverhead `json:"chain_overhead,omitempty"`
 	Outbox     *OutboxResult  `json:"outbox,omitempty"`
+	Goals      []Goal         `json:"goals,omitempty"`
 	WallSecs   float64        `json:"wall_seconds"`
 }
 
@@ -60,6 +61,9 @@ type Settings struct {
 	Prefetch       int      `json:"prefetch"`
 	SettleSeconds  float64  `json:"settle_seconds"`
 	Skipped        []string `json:"skipped,omitempty"`
+	// Profile is -profile's directory: the throughput and poison-flood runs
+	// were profiled, and slower for it.
+	Profile string `json:"profile_dir,omitempty"`
 }
 
 func machineInfo(b *broker) Machine {
@@ -91,16 +95,22 @@ func writeMarkdown(w io.Writer, r *Results) {
 	fmt.Fprintf(w, "# amqpretry bench, %s\n\n", m.Date)
 	fmt.Fprintf(w, "%s %s, %d CPUs, GOMAXPROCS %d; %s %s (%s) on the same machine; load average %.2f before, %.2f after\n\n",
 		m.GoVersion, m.OSArch, m.NumCPU, m.GOMAXPROCS, m.Broker, m.BrokerVer, m.Platform, m.LoadBefore, m.LoadAfter)
+	if r.Settings.Profile != "" {
+		fmt.Fprintf(w, "**Profiled** (-profile %s): the throughput and poison-flood runs below ran under the CPU profiler and are slower than unprofiled runs.\n\n",
+			r.Settings.Profile)
+	}
 	if c := r.Throughput; c != nil {
-		fmt.Fprintf(w, "## Happy path: %d ready messages, %d consumers, prefetch %d (median of %d rounds)\n\n",
+		fmt.Fprintf(w, "## Happy path: %d ready messages, %d consumers, prefetch %d (median of %d rounds, each starting one variant further along)\n\n",
 			c.Messages, r.Settings.Consumers, r.Settings.Prefetch, c.Rounds)
 		writeComparison(w, c)
+		writeOTelCost(w, c)
 	}
 	if c := r.Poison; c != nil {
-		fmt.Fprintf(w, "## Poison flood: %d messages, all failing for good, each to the DLQ with a confirm (median of %d rounds)\n\n",
+		fmt.Fprintf(w, "## Poison flood: %d messages, all failing for good, each to the DLQ with a confirm (median of %d rounds, each starting one variant further along)\n\n",
 			c.Messages, c.Rounds)
 		writeComparison(w, c)
 	}
+	writeGoals(w, r.Goals)
 	if s := r.Schedule; s != nil {
 		fmt.Fprintf(w, "## Retry schedule: Retry(%d), default backoff, one failing message\n\n", scheduleAttempts)
 		fmt.Fprintln(w, "| wait after attempt | expected ms | actual ms | deviation ms |")
@@ -141,22 +151,135 @@ func writeMarkdown(w io.Writer, r *Results) {
 }
 
 func writeComparison(w io.Writer, c *Comparison) {
-	fmt.Fprintf(w, "| variant | msg/s (median) | ratio to %s | CPU µs/msg (median) | samples msg/s |\n", c.Baseline)
-	fmt.Fprintln(w, "|---|---:|---:|---:|---|")
+	fmt.Fprintf(w, "| variant | msg/s (median) | msg/s vs %s | CPU vs %s | CPU µs/msg (median) | samples msg/s |\n", c.Baseline, c.Baseline)
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---|")
 	for _, v := range c.Variants {
-		ratio := "–" // the baseline was skipped
-		if v.RatioToBaseline > 0 {
-			ratio = fmt.Sprintf("%.2f", v.RatioToBaseline)
-		}
 		var samples []string
 		for _, s := range v.Samples {
 			samples = append(samples, fmt.Sprintf("%.0f", s.MsgPerSec))
 		}
-		fmt.Fprintf(w, "| %s | %.0f | %s | %.1f | %s |\n", v.Name, v.MedianMsgPerSec, ratio, v.MedianCPUPerMsg, strings.Join(samples, ", "))
+		fmt.Fprintf(w, "| %s | %.0f | %s | %s | %.1f | %s |\n", v.Name, v.MedianMsgPerSec, ratioText(v.RatioToBaseline), ratioText(v.CPURatioToBaseline),
+			v.MedianCPUPerMsg, strings.Join(samples, ", "))
 	}
 	fmt.Fprintln(w)
+	if len(c.Order) > 1 {
+		var rounds []string
+		for _, names := range c.Order {
+			rounds = append(rounds, strings.Join(names, ", "))
+		}
+		fmt.Fprintf(w, "Order per round: %s.\n\n", strings.Join(rounds, "; "))
+	}
 	for _, v := range c.Variants {
 		fmt.Fprintf(w, "- **%s**: %s\n", v.Name, v.About)
 	}
 	fmt.Fprintln(w)
+}
+
+// ratioText is a ratio to two places, or a dash when there is none (the
+// baseline was skipped).
+func ratioText(r float64) string {
+	if r <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", r)
+}
+
+// writeOTelCost splits listener-otel's CPU per message into what the SDK
+// costs at the least for the same output (otel-floor over raw) and what
+// the listener adds.
+func writeOTelCost(w io.Writer, c *Comparison) {
+	lo, floor, raw, l := c.variant("listener-otel"), c.variant("otel-floor"), c.variant("raw"), c.variant("listener")
+	if lo == nil || floor == nil || raw == nil {
+		return
+	}
+	fmt.Fprintf(w, "listener-otel's CPU per message is %.2f× otel-floor's and %.2f× raw's. Of its %.1f µs, raw consumption takes %.1f, "+
+		"the OTel SDK's least for the same spans and metrics %.1f (otel-floor − raw), and the listener's own work, telemetry included, %.1f (listener-otel − otel-floor)",
+		ratio(lo.MedianCPUPerMsg, floor.MedianCPUPerMsg), ratio(lo.MedianCPUPerMsg, raw.MedianCPUPerMsg), lo.MedianCPUPerMsg,
+		raw.MedianCPUPerMsg, floor.MedianCPUPerMsg-raw.MedianCPUPerMsg, lo.MedianCPUPerMsg-floor.MedianCPUPerMsg)
+	if l != nil {
+		fmt.Fprintf(w, "; without telemetry the listener adds %.1f (listener − raw)", l.MedianCPUPerMsg-raw.MedianCPUPerMsg)
+	}
+	fmt.Fprint(w, ".\n\n")
+}
+
+// Goal is one of issue 15's targets: the variant's median msg/s or CPU per
+// message as a multiple of another's, at least or at most Limit.
+type Goal struct {
+	Section  string  `json:"section"`
+	Variant  string  `json:"variant"`
+	Measure  string  `json:"measure"` // "msg/s" or "CPU"
+	Against  string  `json:"against"`
+	AtMost   bool    `json:"at_most"` // else at least
+	Limit    float64 `json:"limit"`
+	Measured float64 `json:"measured,omitempty"` // 0: not measured (a variant skipped)
+	Met      bool    `json:"met"`
+}
+
+func (g Goal) String() string {
+	cmp := "≥"
+	if g.AtMost {
+		cmp = "≤"
+	}
+	variant := g.Variant
+	if g.Section == sectionPoison {
+		variant = "poison " + variant
+	}
+	target := fmt.Sprintf("%s %s %s%.2f× %s", variant, g.Measure, cmp, g.Limit, g.Against)
+	switch {
+	case g.Measured == 0:
+		return target + " (not measured)"
+	case g.Met:
+		return fmt.Sprintf("%s: %.2f, met", target, g.Measured)
+	default:
+		return fmt.Sprintf("%s: %.2f, **not met**", target, g.Measured)
+	}
+}
+
+// issueGoals checks the run's medians against issue 15's targets.
+func issueGoals(r *Results) []Goal {
+	goals := []Goal{
+		{Section: sectionThroughput, Variant: "listener", Measure: "msg/s", Against: "raw", Limit: 0.95},
+		{Section: sectionThroughput, Variant: "listener", Measure: "CPU", Against: "raw", AtMost: true, Limit: 1.10},
+		{Section: sectionThroughput, Variant: "listener-otel", Measure: "msg/s", Against: "raw", Limit: 0.85},
+		{Section: sectionThroughput, Variant: "listener-otel", Measure: "CPU", Against: "otel-floor", AtMost: true, Limit: 1.15},
+		{Section: sectionPoison, Variant: "listener", Measure: "msg/s", Against: "raw-republish", Limit: 0.8},
+		{Section: sectionPoison, Variant: "listener", Measure: "CPU", Against: "raw-republish", AtMost: true, Limit: 1.5},
+	}
+	var kept []Goal
+	for _, g := range goals {
+		c := r.Throughput
+		if g.Section == sectionPoison {
+			c = r.Poison
+		}
+		if c == nil {
+			continue // the section did not run
+		}
+		v, base := c.variant(g.Variant), c.variant(g.Against)
+		if v != nil && base != nil {
+			if g.Measure == "CPU" {
+				g.Measured = ratio(v.MedianCPUPerMsg, base.MedianCPUPerMsg)
+			} else {
+				g.Measured = ratio(v.MedianMsgPerSec, base.MedianMsgPerSec)
+			}
+			g.Met = g.Measured > 0 && (g.AtMost && g.Measured <= g.Limit || !g.AtMost && g.Measured >= g.Limit)
+		}
+		kept = append(kept, g)
+	}
+	return kept
+}
+
+// writeGoals prints the goals of the sections that ran, in one line.
+func writeGoals(w io.Writer, goals []Goal) {
+	if len(goals) == 0 {
+		return
+	}
+	var parts []string
+	met := 0
+	for _, g := range goals {
+		parts = append(parts, g.String())
+		if g.Met {
+			met++
+		}
+	}
+	fmt.Fprintf(w, "**Goals of issue 15, %d of %d met:** %s.\n\n", met, len(goals), strings.Join(parts, "; "))
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/amqpretry/amqpretry/publisher"
 	"runtime"
+	"slices"
 	"time"
+
+	"github.com/amqpretry/amqpretry/publisher"
 )
 
 // env is what every measurement shares.
@@ -30,34 +32,49 @@ type Comparison struct {
 	Messages int             `json:"messages_per_run"`
 	Rounds   int             `json:"rounds"`
 	Variants []VariantResult `json:"variants"`
+	// Order is, per round, the variants in the order they ran: round r
+	// starts r-1 places further along the list (see roundOrder).
+	Order [][]string `json:"order_per_round,omitempty"`
 }
 
-// VariantResult is one variant's samples and medians. The ratio is the
-// median's to the baseline's median (0 when the baseline was skipped).
+// VariantResult is one variant's samples and medians. The ratios are the
+// medians' to the baseline's medians (0 when the baseline was skipped).
 type VariantResult struct {
-	Name            string   `json:"name"`
-	About           string   `json:"about"`
-	Samples         []Sample `json:"samples"`
-	MedianMsgPerSec float64  `json:"median_msg_per_sec"`
-	RatioToBaseline float64  `json:"ratio_to_baseline"`
-	MedianCPUPerMsg float64  `json:"median_cpu_us_per_msg"`
+	Name               string   `json:"name"`
+	About              string   `json:"about"`
+	Samples            []Sample `json:"samples"` // in round order
+	MedianMsgPerSec    float64  `json:"median_msg_per_sec"`
+	RatioToBaseline    float64  `json:"ratio_to_baseline"`
+	MedianCPUPerMsg    float64  `json:"median_cpu_us_per_msg"`
+	CPURatioToBaseline float64  `json:"cpu_ratio_to_baseline"`
 }
 
-// compare runs the variants in interleaved rounds (a, b, c, a, b, c, ...) so
-// that a drift in the machine's speed (the broker's memory, another process)
-// spreads over all of them instead of landing on one, and takes medians.
+// compare runs the variants in interleaved rounds so that a drift in the
+// machine's speed (the broker's memory, another process) spreads over all of
+// them instead of landing on one, and takes medians. Each round starts one
+// variant further along (a, b, c; b, c, a; c, a, b; ...): whatever favours
+// or penalises the first run after a pause, or a run's place behind
+// another, does not always fall on the same variant.
 func compare(ctx context.Context, e *env, section string, variants []variant, n int) (*Comparison, error) {
 	c := &Comparison{Baseline: variants[0].name, Messages: n, Rounds: e.cfg.Rounds}
 	results := make([]VariantResult, len(variants))
+	var active []int // indexes of the variants not skipped
 	for i, v := range variants {
 		results[i] = VariantResult{Name: v.name, About: v.about}
+		if !v.skip {
+			active = append(active, i)
+		}
 	}
 	for round := 1; round <= e.cfg.Rounds; round++ {
-		for i, v := range variants {
-			if v.skip {
-				continue
-			}
-			s, err := runOnce(ctx, e, section, v, n)
+		order := roundOrder(active, round)
+		var names []string
+		for _, i := range order {
+			names = append(names, variants[i].name)
+		}
+		c.Order = append(c.Order, names)
+		for _, i := range order {
+			v := variants[i]
+			s, err := runOnce(ctx, e, section, v, n, round)
 			if err != nil {
 				return nil, fmt.Errorf("%s %s, round %d: %w", section, v.name, round, err)
 			}
@@ -65,32 +82,75 @@ func compare(ctx context.Context, e *env, section string, variants []variant, n 
 			results[i].Samples = append(results[i].Samples, s)
 		}
 	}
-	var base float64
-	for i := range results {
-		r := &results[i]
-		if len(r.Samples) == 0 {
-			continue // skipped
+	for _, r := range results {
+		if len(r.Samples) > 0 { // not skipped
+			c.Variants = append(c.Variants, r)
 		}
-		var rates, cpus []float64
-		for _, s := range r.Samples {
-			rates = append(rates, s.MsgPerSec)
-			cpus = append(cpus, s.CPUPerMsg)
-		}
-		r.MedianMsgPerSec, r.MedianCPUPerMsg = median(rates), median(cpus)
-		if i == 0 {
-			base = r.MedianMsgPerSec
-		}
-		if base > 0 {
-			r.RatioToBaseline = r.MedianMsgPerSec / base
-		}
-		c.Variants = append(c.Variants, *r)
 	}
+	c.summarize()
 	return c, nil
 }
 
+// roundOrder is the order of round (1-based): the list rotated by round-1,
+// so that over k rounds each of k variants runs first once.
+func roundOrder(list []int, round int) []int {
+	if len(list) == 0 {
+		return nil
+	}
+	k := (round - 1) % len(list)
+	return append(slices.Clone(list[k:]), list[:k]...)
+}
+
+// summarize fills in the medians of every variant and their ratios to the
+// baseline's, when the baseline ran.
+func (c *Comparison) summarize() {
+	var base *VariantResult
+	for i := range c.Variants {
+		v := &c.Variants[i]
+		var rates, cpus []float64
+		for _, s := range v.Samples {
+			rates, cpus = append(rates, s.MsgPerSec), append(cpus, s.CPUPerMsg)
+		}
+		v.MedianMsgPerSec, v.MedianCPUPerMsg = median(rates), median(cpus)
+		if v.Name == c.Baseline {
+			base = v
+		}
+	}
+	if base == nil {
+		return
+	}
+	for i := range c.Variants {
+		v := &c.Variants[i]
+		v.RatioToBaseline = ratio(v.MedianMsgPerSec, base.MedianMsgPerSec)
+		v.CPURatioToBaseline = ratio(v.MedianCPUPerMsg, base.MedianCPUPerMsg)
+	}
+}
+
+// variant returns the named variant's result, or nil if it did not run.
+func (c *Comparison) variant(name string) *VariantResult {
+	if c == nil {
+		return nil
+	}
+	for i := range c.Variants {
+		if c.Variants[i].Name == name {
+			return &c.Variants[i]
+		}
+	}
+	return nil
+}
+
+// ratio is a/b, or 0 when b is not positive.
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
+}
+
 // runOnce gives v a fresh queue holding n messages, lets the broker settle,
-// measures, and deletes the queue.
-func runOnce(ctx context.Context, e *env, section string, v variant, n int) (s Sample, err error) {
+// measures, and deletes the queue. With -profile, the measured run (not the
+// fill) is CPU-profiled and its allocations are written after it.
+func runOnce(ctx context.Context, e *env, section string, v variant, n, round int) (s Sample, err error) {
 	q := uniqueName(section + "." + v.name)
 	cleanup, err := e.broker.queues(q)
 	if err != nil {
@@ -104,7 +164,15 @@ func runOnce(ctx context.Context, e *env, section string, v variant, n int) (s S
 		return Sample{}, err
 	}
 	runtime.GC() // the fill's garbage is not the variant's to collect
-	return v.run(ctx, e, q, n)
+	if e.cfg.Profile == "" {
+		return v.run(ctx, e, q, n)
+	}
+	p, err := startProfile(e.cfg.Profile, fmt.Sprintf("%s-%s-r%d", section, v.name, round))
+	if err != nil {
+		return Sample{}, err
+	}
+	s, err = v.run(ctx, e, q, n)
+	return s, errors.Join(err, p.stop())
 }
 
 // sleep waits d or until ctx ends.

@@ -5,8 +5,10 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,14 +58,16 @@ func requireDB(t *testing.T) string {
 	return dsn
 }
 
-// TestSmoke runs the whole program end to end with tiny numbers and one
-// round, leaving out only the 15-second retry schedule.
+// TestSmoke runs the whole program end to end with tiny numbers, two
+// rounds and profiles, leaving out only the 15-second retry schedule.
 func TestSmoke(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.URL = requireBroker(t)
-	cfg.Rounds, cfg.Messages, cfg.PoisonMessages = 1, 300, 200
+	const rounds = 2
+	cfg.Rounds, cfg.Messages, cfg.PoisonMessages = rounds, 300, 200
 	cfg.Settle = 0
 	cfg.Out = t.TempDir()
+	cfg.Profile = filepath.Join(cfg.Out, "profiles")
 	cfg.Skip = map[string]bool{sectionSchedule: true}
 	cfg.OutboxMessages, cfg.OutboxLatencyMessages = 300, 20
 	if cfg.DSN = requireDB(t); cfg.DSN == "" {
@@ -79,13 +83,42 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	for _, v := range res.Throughput.Variants {
-		if len(v.Samples) != 1 || v.MedianMsgPerSec <= 0 || v.MedianCPUPerMsg <= 0 {
-			t.Errorf("throughput %s: %+v", v.Name, v)
+	for _, c := range []*Comparison{res.Throughput, res.Poison} {
+		for _, v := range c.Variants {
+			if len(v.Samples) != rounds || v.MedianMsgPerSec <= 0 || v.MedianCPUPerMsg <= 0 || v.CPURatioToBaseline <= 0 {
+				t.Errorf("%s: %+v", v.Name, v)
+			}
+		}
+		// Each round starts one variant further along, and runs them all.
+		if len(c.Order) != rounds || len(c.Order[0]) != len(c.Variants) ||
+			c.Order[0][0] != c.Variants[0].Name || c.Order[1][0] != c.Variants[1].Name || c.Order[1][len(c.Variants)-1] != c.Variants[0].Name {
+			t.Errorf("order per round %v, variants %d", c.Order, len(c.Variants))
+		}
+		// A CPU and an allocation profile of every run, gzipped protos.
+		section := sectionThroughput
+		if c == res.Poison {
+			section = sectionPoison
+		}
+		for _, v := range c.Variants {
+			for round := 1; round <= rounds; round++ {
+				for _, kind := range []string{"cpu", "allocs"} {
+					path := filepath.Join(cfg.Profile, fmt.Sprintf("%s-%s-r%d.%s.pprof", section, v.Name, round, kind))
+					if data := readGzip(t, path); len(data) == 0 {
+						t.Errorf("%s: empty", path)
+					}
+				}
+			}
 		}
 	}
-	if got := len(res.Throughput.Variants); got != 4 {
-		t.Errorf("throughput: %d variants, want 4", got)
+	if p := readProfile(t, filepath.Join(cfg.Profile, "throughput-listener-r1.allocs.pprof")); len(p.samples) == 0 ||
+		!slices.ContainsFunc(p.strings, func(s string) bool { return strings.HasPrefix(s, "github.com/amqpretry/amqpretry/listener.") }) {
+		t.Errorf("the listener's allocation profile has %d samples and no listener function: %q", len(p.samples), p.strings)
+	}
+	if len(res.Goals) != 6 {
+		t.Errorf("goals: %+v", res.Goals)
+	}
+	if got := len(res.Throughput.Variants); got != 5 {
+		t.Errorf("throughput: %d variants, want 5", got)
 	}
 	if got := len(res.Poison.Variants); got != 2 {
 		t.Errorf("poison flood: %d variants, want 2", got)
@@ -111,7 +144,8 @@ func TestSmoke(t *testing.T) {
 		t.Error("no broker version in the machine info")
 	}
 
-	for _, want := range []string{"| raw |", "| listener |", "| listener-otel |", "| watermill |", "| raw-republish |", "Scale-up", "Chain overhead"} {
+	for _, want := range []string{"| raw |", "| listener |", "| listener-otel |", "| otel-floor |", "| watermill |", "| raw-republish |", "Scale-up", "Chain overhead",
+		"| CPU vs raw |", "| CPU vs raw-republish |", "Order per round: raw, listener,", "× otel-floor's", "Goals of issue 15", "**Profiled** (-profile "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the report lacks %q:\n%s", want, out.String())
 		}
@@ -124,8 +158,9 @@ func TestSmoke(t *testing.T) {
 	if err := json.Unmarshal(data, &back); err != nil {
 		t.Fatalf("results.json: %v", err)
 	}
-	if len(back.Throughput.Variants[0].Samples) != 1 {
-		t.Errorf("results.json lacks the raw samples: %s", data)
+	if len(back.Throughput.Variants[0].Samples) != rounds || len(back.Throughput.Order) != rounds || len(back.Poison.Order) != rounds ||
+		back.Settings.Profile != cfg.Profile {
+		t.Errorf("results.json lacks the raw samples, the order per round or the profile directory: %s", data)
 	}
 	if png, err := os.ReadFile(filepath.Join(cfg.Out, "throughput.png")); err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
 		t.Errorf("throughput.png: not a PNG (%v)", err)

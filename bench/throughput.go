@@ -35,6 +35,9 @@ func happyPath(c, p int) []variant {
 			about: fmt.Sprintf("listener, Chain(Retry(5), Recover(Republish)), WithConcurrentConsumers(%d), WithPrefetch(%d), no-op telemetry", c, p)},
 		{name: "listener-otel", run: consumeListenerOTel,
 			about: "as listener, with the OTel SDK: every span sampled, batched to a discarding exporter; metrics to a ManualReader"},
+		{name: "otel-floor", run: consumeOTelFloor,
+			about: "as raw, plus per message what the OTel SDK costs at the least for listener-otel's telemetry: one CONSUMER span around the ack " +
+				"(same SDK set-up, name and attributes) and the same three measurements with the same attribute sets (process duration, consumed messages, attempts)"},
 		{name: "watermill", run: consumeWatermill,
 			about: fmt.Sprintf("watermill-amqp subscriber, router with PoisonQueue and Retry{MaxRetries: 5}: %d handlers (channels) with Qos(%d), one message in flight each", c, p)},
 	}
@@ -56,6 +59,15 @@ func quietLogger() *slog.Logger {
 
 // consumeRaw is the baseline: the least a Go client can do per message.
 func consumeRaw(ctx context.Context, e *env, q string, n int) (Sample, error) {
+	return consumeDirect(ctx, e, q, n, "raw-", func() func(amqp.Delivery) {
+		return func(d amqp.Delivery) { _ = d.Ack(false) }
+	})
+}
+
+// consumeDirect consumes q on amqp091-go channels of its own, one consumer
+// each, settling every delivery with a settle func made for its consumer
+// (so that it may keep scratch space without locks).
+func consumeDirect(ctx context.Context, e *env, q string, n int, tagPrefix string, newSettle func() func(amqp.Delivery)) (Sample, error) {
 	t := newTally(n)
 	cpu0 := cpuTime()
 	conn, err := amqp.Dial(e.broker.url)
@@ -76,15 +88,16 @@ func consumeRaw(ctx context.Context, e *env, q string, n int) (Sample, error) {
 		if err := ch.Qos(e.cfg.Prefetch, 0, false); err != nil {
 			return Sample{}, err
 		}
-		deliveries, err := ch.Consume(q, fmt.Sprint("raw-", i), false, false, false, false, nil)
+		deliveries, err := ch.Consume(q, fmt.Sprint(tagPrefix, i), false, false, false, false, nil)
 		if err != nil {
 			return Sample{}, err
 		}
+		settle := newSettle()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for d := range deliveries {
-				_ = d.Ack(false)
+				settle(d)
 				t.hit()
 			}
 		}()
@@ -103,12 +116,33 @@ func consumeListener(ctx context.Context, e *env, q string, n int) (Sample, erro
 // spans and metrics on every delivery and attempt, with export kept off the
 // measurement (the exporter drops what it gets).
 func consumeListenerOTel(ctx context.Context, e *env, q string, n int) (s Sample, err error) {
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(discardExporter{}))
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-	defer func() {
-		err = errors.Join(err, tp.Shutdown(context.WithoutCancel(ctx)), mp.Shutdown(context.WithoutCancel(ctx)))
-	}()
-	return consumeWithListener(ctx, e, q, n, listener.WithTracerProvider(tp), listener.WithMeterProvider(mp))
+	sdk := newOTelSDK()
+	defer func() { err = errors.Join(err, sdk.shutdown(ctx)) }()
+	return consumeWithListener(ctx, e, q, n, listener.WithTracerProvider(sdk.tp), listener.WithMeterProvider(sdk.mp))
+}
+
+// otelSDK is the OpenTelemetry SDK as listener-otel and otel-floor set it
+// up: every span sampled and batched to an exporter that drops them,
+// metrics aggregated for a reader that is never asked (the test asks).
+type otelSDK struct {
+	tp     *sdktrace.TracerProvider
+	mp     *sdkmetric.MeterProvider
+	reader *sdkmetric.ManualReader
+}
+
+func newOTelSDK() *otelSDK {
+	reader := sdkmetric.NewManualReader()
+	return &otelSDK{
+		tp:     sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(discardExporter{})),
+		mp:     sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		reader: reader,
+	}
+}
+
+// shutdown stops the providers, and with them the batcher's goroutine.
+func (o *otelSDK) shutdown(ctx context.Context) error {
+	ctx = context.WithoutCancel(ctx)
+	return errors.Join(o.tp.Shutdown(ctx), o.mp.Shutdown(ctx))
 }
 
 type discardExporter struct{}
