@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"sort"
 	"syscall"
 	"time"
@@ -85,6 +86,9 @@ func main() {
 // replaced by a partial one.
 func run(ctx context.Context, cfg Config) (*Results, error) {
 	began := time.Now()
+	if cfg.Profile != "" && runtime.MemProfileRate > profileMemRate {
+		runtime.MemProfileRate = profileMemRate
+	}
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return nil, err
 	}

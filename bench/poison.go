@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
@@ -23,6 +24,8 @@ func poisonVariants(e *env) []variant {
 	return []variant{
 		{name: "raw-republish", run: republishRaw,
 			about: fmt.Sprintf("amqp091-go: %d consumers (Qos %d), each with a confirm channel: publish a persistent copy to the DLQ with a deferred confirm, ack the original once it is confirmed", c, p)},
+		{name: "raw-annotated", run: republishRawAnnotated,
+			about: "as raw-republish, each copy carrying the fault headers the listener's Republish writes for this flood (built once, by recoverer.Republisher.Message): what amqp091-go and the broker pay for the headers alone"},
 		{name: "listener", run: republishListener,
 			about: "listener, Chain(Retry(5), Recover(Republish(pub, \"\", dlq))), handler returns Permanent(err): no retries, one annotated confirmed copy each"},
 	}
@@ -32,6 +35,40 @@ func poisonVariants(e *env) []variant {
 // consumer, one confirm channel with publishes pipelined, and a goroutine
 // that acks each original in order as its copy's confirm arrives.
 func republishRaw(ctx context.Context, e *env, q string, n int) (s Sample, err error) {
+	return republishRawWith(ctx, e, q, n, nil)
+}
+
+// republishRawAnnotated is republishRaw with the listener's fault headers on
+// every copy, so that the report can tell the cost of the headers (amqp091's
+// encoding, the broker's bigger messages) from the cost of our code.
+func republishRawAnnotated(ctx context.Context, e *env, q string, n int) (s Sample, err error) {
+	headers, err := faultHeaders(q)
+	if err != nil {
+		return Sample{}, err
+	}
+	return republishRawWith(ctx, e, q, n, headers)
+}
+
+// faultHeaders are the headers Republish(pub, "", q+".dlq") gives a copy of
+// a message of the flood that failed with Permanent(errPoison) on queue q.
+func faultHeaders(q string) (amqp.Table, error) {
+	r := recoverer.Republish(frameOnly{}, "", q+".dlq")
+	ctx := chainctx.WithQueue(context.Background(), q)
+	msg, err := r.Message(ctx, &amqp.Delivery{RoutingKey: q, Body: []byte("x")}, middleware.Permanent(errPoison))
+	return msg.Headers, err
+}
+
+// frameOnly is the recoverer.Publisher faultHeaders needs: Message asks only
+// for the frame size and the user.
+type frameOnly struct{}
+
+func (frameOnly) Publish(context.Context, string, string, amqp.Publishing) error {
+	return errors.New("bench: frameOnly publishes nothing")
+}
+func (frameOnly) FrameMax() int    { return 131072 }
+func (frameOnly) Username() string { return "guest" }
+
+func republishRawWith(ctx context.Context, e *env, q string, n int, headers amqp.Table) (s Sample, err error) {
 	dlq := q + ".dlq"
 	cleanup, err := e.broker.queues(dlq)
 	if err != nil {
@@ -69,7 +106,7 @@ func republishRaw(ctx context.Context, e *env, q string, n int) (s Sample, err e
 			for d := range deliveries {
 				t.begin()
 				dc, err := pubCh.PublishWithDeferredConfirmWithContext(ctx, "", dlq, true, false,
-					amqp.Publishing{Body: d.Body, DeliveryMode: amqp.Persistent})
+					amqp.Publishing{Headers: headers, Body: d.Body, DeliveryMode: amqp.Persistent})
 				if err != nil {
 					failed <- err
 					return

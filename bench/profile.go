@@ -130,6 +130,11 @@ func unsample(objects, bytes, rate int64) (int64, int64) {
 	return int64(math.Round(float64(objects) * scale)), int64(math.Round(float64(bytes) * scale))
 }
 
+// profileMemRate is the allocation sampling rate of profiled runs, in bytes:
+// Go's default, one sample per 512 KiB, is too coarse for a run of a few
+// thousand messages to show where each one's allocations go.
+const profileMemRate = 16 << 10
+
 // Field numbers of profile.proto, the format go tool pprof reads.
 const (
 	profSampleType        = 1
