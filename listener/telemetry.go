@@ -99,6 +99,21 @@ func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *span
 	return sctx, span
 }
 
+// settlementAttrs are the amqpretry.settlement attributes, built once.
+var settlementAttrs = func() (attrs [middleware.Release + 1][]attribute.KeyValue) {
+	for s := middleware.Ack; s <= middleware.Release; s++ {
+		attrs[s] = []attribute.KeyValue{attribute.String(AttrSettlement, s.String())}
+	}
+	return attrs
+}()
+
+func settlementAttr(s middleware.Settlement) []attribute.KeyValue {
+	if int(s) < len(settlementAttrs) && settlementAttrs[s] != nil {
+		return settlementAttrs[s]
+	}
+	return []attribute.KeyValue{attribute.String(AttrSettlement, s.String())}
+}
+
 // endProcess closes the span and records the processing time.
 func (l *Listener) endProcess(ctx context.Context, span trace.Span, began int64, err error, s middleware.Settlement) {
 	attrs := l.attrs.ok
@@ -107,7 +122,7 @@ func (l *Listener) endProcess(ctx context.Context, span trace.Span, began int64,
 		attrs = l.tel.Messaging(telemetry.OperationProcess, l.queue, middleware.ErrorType(err))
 	}
 	if span.IsRecording() {
-		span.SetAttributes(attribute.String(AttrSettlement, s.String()))
+		span.SetAttributes(settlementAttr(s)...)
 		if failed {
 			span.SetStatus(codes.Error, errtext.String(err))
 			span.SetAttributes(semconv.ErrorTypeKey.String(middleware.ErrorType(err)))
