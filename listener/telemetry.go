@@ -21,15 +21,15 @@ const AttrSettlement = telemetry.KeySettlement
 
 // spanAttrs are the listener's fixed attributes, built once.
 type spanAttrs struct {
-	start    []attribute.KeyValue // on every process span
-	consumed *telemetry.Attrs     // messaging.client.consumed.messages
-	ok       *telemetry.Attrs     // messaging.process.duration when handled
-	queue    *telemetry.Attrs     // consumers, parked
+	start    [fixedProcessAttrs]attribute.KeyValue // on every process span
+	consumed *telemetry.Attrs                      // messaging.client.consumed.messages
+	ok       *telemetry.Attrs                      // messaging.process.duration when handled
+	queue    *telemetry.Attrs                      // consumers, parked
 }
 
 func newSpanAttrs(tel *telemetry.Telemetry, queue string) spanAttrs {
 	return spanAttrs{
-		start: []attribute.KeyValue{
+		start: [fixedProcessAttrs]attribute.KeyValue{
 			semconv.MessagingSystemRabbitMQ,
 			semconv.MessagingOperationTypeProcess,
 			semconv.MessagingOperationName(telemetry.OperationProcess),
@@ -49,12 +49,50 @@ var (
 	newRoot = trace.WithNewRoot()
 )
 
+// A process span starts with the listener's fixed attributes
+// (spanAttrs.start) and at most five of the delivery's: routing key,
+// delivery tag, body size, message id and correlation id.
+const (
+	fixedProcessAttrs = 4
+	maxProcessAttrs   = fixedProcessAttrs + 5
+)
+
 // spanBuffers are a consumer's scratch space for starting process spans,
-// reused so that an untraced delivery allocates little. Only the consumer's
-// current reader starts spans, one at a time; the SDK copies what it keeps.
+// reused so that a delivery allocates no more than the tracer does. Only the
+// consumer's current reader starts spans, one at a time; the SDK copies what
+// it keeps.
 type spanBuffers struct {
-	attrs []attribute.KeyValue
-	opts  [4]trace.SpanStartOption
+	attrs [maxProcessAttrs]attribute.KeyValue
+	// withAttrs[n] is trace.WithAttributes(attrs[:n]...), boxed the first
+	// time a span starts with n attributes: it reads attrs, rewritten in
+	// place, at each Start.
+	withAttrs [maxProcessAttrs + 1]trace.SpanStartOption
+	opts      [4]trace.SpanStartOption
+}
+
+// startAttrs fills the attributes of d's process span and returns the
+// option that carries them.
+func (buf *spanBuffers) startAttrs(fixed *[fixedProcessAttrs]attribute.KeyValue, d *amqp.Delivery) trace.SpanStartOption {
+	if buf.attrs[0].Key == "" {
+		copy(buf.attrs[:], fixed[:]) // the listener's, the same for every span
+	}
+	n := len(fixed)
+	buf.attrs[n] = semconv.MessagingRabbitMQDestinationRoutingKey(d.RoutingKey)
+	buf.attrs[n+1] = semconv.MessagingRabbitMQMessageDeliveryTag(int(d.DeliveryTag))
+	buf.attrs[n+2] = semconv.MessagingMessageBodySize(len(d.Body))
+	n += 3
+	if d.MessageId != "" {
+		buf.attrs[n] = semconv.MessagingMessageID(d.MessageId)
+		n++
+	}
+	if d.CorrelationId != "" {
+		buf.attrs[n] = semconv.MessagingMessageConversationID(d.CorrelationId)
+		n++
+	}
+	if buf.withAttrs[n] == nil {
+		buf.withAttrs[n] = trace.WithAttributes(buf.attrs[:n]...)
+	}
+	return buf.withAttrs[n]
 }
 
 // startProcess opens the delivery's CONSUMER span, with the attributes a
@@ -66,19 +104,7 @@ func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *span
 	if !l.cfg.producerParent && !tel.TracingRoot(now) {
 		return ctx, telemetry.NoSpan // nothing records: skip building the span
 	}
-	attrs := append(buf.attrs[:0], l.attrs.start...)
-	attrs = append(attrs,
-		semconv.MessagingRabbitMQDestinationRoutingKey(d.RoutingKey),
-		semconv.MessagingRabbitMQMessageDeliveryTag(int(d.DeliveryTag)),
-		semconv.MessagingMessageBodySize(len(d.Body)))
-	if d.MessageId != "" {
-		attrs = append(attrs, semconv.MessagingMessageID(d.MessageId))
-	}
-	if d.CorrelationId != "" {
-		attrs = append(attrs, semconv.MessagingMessageConversationID(d.CorrelationId))
-	}
-	buf.attrs = attrs
-	opts := append(buf.opts[:0], consumerKind, trace.WithAttributes(attrs...))
+	opts := append(buf.opts[:0], consumerKind, buf.startAttrs(&l.attrs.start, d))
 	root := true
 	if len(d.Headers) == 0 {
 		// nothing to extract
