@@ -68,6 +68,11 @@ type spanBuffers struct {
 	// place, at each Start.
 	withAttrs [maxProcessAttrs + 1]trace.SpanStartOption
 	opts      [4]trace.SpanStartOption
+
+	// The context spans start from (the consumer's, always the same) and
+	// whether it carries a span context that a root span must ignore.
+	ctx        context.Context
+	ctxHasSpan bool
 }
 
 // startAttrs fills the attributes of d's process span and returns the
@@ -95,6 +100,17 @@ func (buf *spanBuffers) startAttrs(fixed *[fixedProcessAttrs]attribute.KeyValue,
 	return buf.withAttrs[n]
 }
 
+// hasSpan reports whether ctx carries a span context. Only then must a root
+// span be started with trace.WithNewRoot, which costs the SDK a context and
+// a span to hide it; from a context without one, a span is a root anyway.
+func (buf *spanBuffers) hasSpan(ctx context.Context) bool {
+	if ctx != buf.ctx { // a consumer's spans all start from its context: ask once
+		buf.ctx = ctx
+		buf.ctxHasSpan = !trace.SpanContextFromContext(ctx).Equal(trace.SpanContext{})
+	}
+	return buf.ctxHasSpan
+}
+
 // startProcess opens the delivery's CONSUMER span, with the attributes a
 // sampler may look at, linked to (or, WithProducerAsParent, a child of) the
 // producer's span read from the headers.
@@ -115,7 +131,7 @@ func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *span
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
 		}
 	}
-	if root {
+	if root && buf.hasSpan(ctx) {
 		opts = append(opts, newRoot)
 	}
 	sctx, span := tel.Tracer.Start(ctx, l.spanName, opts...)
