@@ -160,7 +160,9 @@ func MonoTime(mono int64) time.Time {
 // ObserveRoot notes what the tracer returned for a root span, for Tracing.
 func (t *Telemetry) ObserveRoot(span trace.Span) {
 	if span.SpanContext().IsValid() {
-		t.noopUntil.Store(0)
+		if t.noopUntil.Load() != 0 { // every consumer gets here on every delivery: write only a change
+			t.noopUntil.Store(0)
+		}
 	} else {
 		t.noopUntil.Store(Mono() + int64(time.Second))
 	}
