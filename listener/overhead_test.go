@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
@@ -75,22 +76,28 @@ func sdkProviders(b *testing.B) (*sdktrace.TracerProvider, *sdkmetric.MeterProvi
 // successful delivery, with no listener code: one CONSUMER span with the
 // process span's attributes, and the same measurements on the same
 // instruments. sdk-sampled ÷ otel-floor is what our telemetry adds.
+//
+// sdk-linked is sdk-sampled for a message that carries its producer's
+// traceparent, read with the W3C propagator and linked.
 func BenchmarkDeliveryOverhead(b *testing.B) {
 	recoverer := middleware.RecovererFunc(func(context.Context, *amqp.Delivery, error) error { return nil })
 	chain := middleware.Chain(middleware.Retry(5), middleware.Recover(recoverer))
 	handler := func(context.Context, *amqp.Delivery) error { return nil }
+	producer := amqp.Table{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 	for _, tc := range []struct {
-		name string
-		sdk  bool
+		name    string
+		sdk     bool
+		headers amqp.Table
 	}{
-		{"noop-telemetry", false},
-		{"sdk-sampled", true},
+		{"noop-telemetry", false, nil},
+		{"sdk-sampled", true, nil},
+		{"sdk-linked", true, producer},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			opts := []Option{WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
 			if tc.sdk {
 				tp, mp := sdkProviders(b)
-				opts = append(opts, WithTracerProvider(tp), WithMeterProvider(mp))
+				opts = append(opts, WithTracerProvider(tp), WithMeterProvider(mp), WithPropagators(propagation.TraceContext{}))
 			}
 			l, err := New("q", chain, handler, opts...)
 			if err != nil {
@@ -105,7 +112,7 @@ func BenchmarkDeliveryOverhead(b *testing.B) {
 			b.ReportAllocs()
 			cpu0 := processCPU()
 			for b.Loop() {
-				dd := &delivery{Delivery: amqp.Delivery{Acknowledger: nopAck{}, DeliveryTag: 1, RoutingKey: "q", MessageId: "m"}, c: c, received: monotime()}
+				dd := &delivery{Delivery: amqp.Delivery{Acknowledger: nopAck{}, Headers: tc.headers, DeliveryTag: 1, RoutingKey: "q", MessageId: "m"}, c: c, received: monotime()}
 				dd.reader.Store(true)
 				c.current.Store(dd)
 				c.inFlight.Add(1)
