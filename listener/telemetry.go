@@ -68,6 +68,10 @@ type spanBuffers struct {
 	// place, at each Start.
 	withAttrs [maxProcessAttrs + 1]trace.SpanStartOption
 	opts      [4]trace.SpanStartOption
+	// link is the producer's span, rewritten for each delivery that has
+	// one; withLink is trace.WithLinks(link[:]...), built once.
+	link     [1]trace.Link
+	withLink trace.SpanStartOption
 
 	// The context spans start from (the consumer's, always the same) and
 	// whether it carries a span context that a root span must ignore.
@@ -100,6 +104,15 @@ func (buf *spanBuffers) startAttrs(fixed *[fixedProcessAttrs]attribute.KeyValue,
 	return buf.withAttrs[n]
 }
 
+// linkTo returns the option that links a span to producer.
+func (buf *spanBuffers) linkTo(producer trace.SpanContext) trace.SpanStartOption {
+	buf.link[0] = trace.Link{SpanContext: producer}
+	if buf.withLink == nil {
+		buf.withLink = trace.WithLinks(buf.link[:]...)
+	}
+	return buf.withLink
+}
+
 // hasSpan reports whether ctx carries a span context. Only then must a root
 // span be started with trace.WithNewRoot, which costs the SDK a context and
 // a span to hide it; from a context without one, a span is a root anyway.
@@ -128,7 +141,7 @@ func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *span
 		if l.cfg.producerParent {
 			ctx, root = trace.ContextWithRemoteSpanContext(ctx, producer), false
 		} else {
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+			opts = append(opts, buf.linkTo(producer))
 		}
 	}
 	if root && buf.hasSpan(ctx) {
