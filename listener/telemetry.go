@@ -21,15 +21,15 @@ const AttrSettlement = telemetry.KeySettlement
 
 // spanAttrs are the listener's fixed attributes, built once.
 type spanAttrs struct {
-	start    []attribute.KeyValue // on every process span
-	consumed *telemetry.Attrs     // messaging.client.consumed.messages
-	ok       *telemetry.Attrs     // messaging.process.duration when handled
-	queue    *telemetry.Attrs     // consumers, parked
+	start    [fixedProcessAttrs]attribute.KeyValue // on every process span
+	consumed *telemetry.Attrs                      // messaging.client.consumed.messages
+	ok       *telemetry.Attrs                      // messaging.process.duration when handled
+	queue    *telemetry.Attrs                      // consumers, parked
 }
 
 func newSpanAttrs(tel *telemetry.Telemetry, queue string) spanAttrs {
 	return spanAttrs{
-		start: []attribute.KeyValue{
+		start: [fixedProcessAttrs]attribute.KeyValue{
 			semconv.MessagingSystemRabbitMQ,
 			semconv.MessagingOperationTypeProcess,
 			semconv.MessagingOperationName(telemetry.OperationProcess),
@@ -49,12 +49,79 @@ var (
 	newRoot = trace.WithNewRoot()
 )
 
+// A process span starts with the listener's fixed attributes
+// (spanAttrs.start) and at most five of the delivery's: routing key,
+// delivery tag, body size, message id and correlation id.
+const (
+	fixedProcessAttrs = 4
+	maxProcessAttrs   = fixedProcessAttrs + 5
+)
+
 // spanBuffers are a consumer's scratch space for starting process spans,
-// reused so that an untraced delivery allocates little. Only the consumer's
-// current reader starts spans, one at a time; the SDK copies what it keeps.
+// reused so that a delivery allocates no more than the tracer does. Only the
+// consumer's current reader starts spans, one at a time; the SDK copies what
+// it keeps.
 type spanBuffers struct {
-	attrs []attribute.KeyValue
-	opts  [4]trace.SpanStartOption
+	attrs [maxProcessAttrs]attribute.KeyValue
+	// withAttrs[n] is trace.WithAttributes(attrs[:n]...), boxed the first
+	// time a span starts with n attributes: it reads attrs, rewritten in
+	// place, at each Start.
+	withAttrs [maxProcessAttrs + 1]trace.SpanStartOption
+	opts      [4]trace.SpanStartOption
+	// link is the producer's span, rewritten for each delivery that has
+	// one; withLink is trace.WithLinks(link[:]...), built once.
+	link     [1]trace.Link
+	withLink trace.SpanStartOption
+
+	// The context spans start from (the consumer's, always the same) and
+	// whether it carries a span context that a root span must ignore.
+	ctx        context.Context
+	ctxHasSpan bool
+}
+
+// startAttrs fills the attributes of d's process span and returns the
+// option that carries them.
+func (buf *spanBuffers) startAttrs(fixed *[fixedProcessAttrs]attribute.KeyValue, d *amqp.Delivery) trace.SpanStartOption {
+	if buf.attrs[0].Key == "" {
+		copy(buf.attrs[:], fixed[:]) // the listener's, the same for every span
+	}
+	n := len(fixed)
+	buf.attrs[n] = semconv.MessagingRabbitMQDestinationRoutingKey(d.RoutingKey)
+	buf.attrs[n+1] = semconv.MessagingRabbitMQMessageDeliveryTag(int(d.DeliveryTag))
+	buf.attrs[n+2] = semconv.MessagingMessageBodySize(len(d.Body))
+	n += 3
+	if d.MessageId != "" {
+		buf.attrs[n] = semconv.MessagingMessageID(d.MessageId)
+		n++
+	}
+	if d.CorrelationId != "" {
+		buf.attrs[n] = semconv.MessagingMessageConversationID(d.CorrelationId)
+		n++
+	}
+	if buf.withAttrs[n] == nil {
+		buf.withAttrs[n] = trace.WithAttributes(buf.attrs[:n]...)
+	}
+	return buf.withAttrs[n]
+}
+
+// linkTo returns the option that links a span to producer.
+func (buf *spanBuffers) linkTo(producer trace.SpanContext) trace.SpanStartOption {
+	buf.link[0] = trace.Link{SpanContext: producer}
+	if buf.withLink == nil {
+		buf.withLink = trace.WithLinks(buf.link[:]...)
+	}
+	return buf.withLink
+}
+
+// hasSpan reports whether ctx carries a span context. Only then must a root
+// span be started with trace.WithNewRoot, which costs the SDK a context and
+// a span to hide it; from a context without one, a span is a root anyway.
+func (buf *spanBuffers) hasSpan(ctx context.Context) bool {
+	if ctx != buf.ctx { // a consumer's spans all start from its context: ask once
+		buf.ctx = ctx
+		buf.ctxHasSpan = !trace.SpanContextFromContext(ctx).Equal(trace.SpanContext{})
+	}
+	return buf.ctxHasSpan
 }
 
 // startProcess opens the delivery's CONSUMER span, with the attributes a
@@ -66,19 +133,7 @@ func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *span
 	if !l.cfg.producerParent && !tel.TracingRoot(now) {
 		return ctx, telemetry.NoSpan // nothing records: skip building the span
 	}
-	attrs := append(buf.attrs[:0], l.attrs.start...)
-	attrs = append(attrs,
-		semconv.MessagingRabbitMQDestinationRoutingKey(d.RoutingKey),
-		semconv.MessagingRabbitMQMessageDeliveryTag(int(d.DeliveryTag)),
-		semconv.MessagingMessageBodySize(len(d.Body)))
-	if d.MessageId != "" {
-		attrs = append(attrs, semconv.MessagingMessageID(d.MessageId))
-	}
-	if d.CorrelationId != "" {
-		attrs = append(attrs, semconv.MessagingMessageConversationID(d.CorrelationId))
-	}
-	buf.attrs = attrs
-	opts := append(buf.opts[:0], consumerKind, trace.WithAttributes(attrs...))
+	opts := append(buf.opts[:0], consumerKind, buf.startAttrs(&l.attrs.start, d))
 	root := true
 	if len(d.Headers) == 0 {
 		// nothing to extract
@@ -86,10 +141,10 @@ func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *span
 		if l.cfg.producerParent {
 			ctx, root = trace.ContextWithRemoteSpanContext(ctx, producer), false
 		} else {
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+			opts = append(opts, buf.linkTo(producer))
 		}
 	}
-	if root {
+	if root && buf.hasSpan(ctx) {
 		opts = append(opts, newRoot)
 	}
 	sctx, span := tel.Tracer.Start(ctx, l.spanName, opts...)
@@ -97,6 +152,21 @@ func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *span
 		tel.ObserveRoot(span)
 	}
 	return sctx, span
+}
+
+// settlementAttrs are the amqpretry.settlement attributes, built once.
+var settlementAttrs = func() (attrs [middleware.Release + 1][]attribute.KeyValue) {
+	for s := middleware.Ack; s <= middleware.Release; s++ {
+		attrs[s] = []attribute.KeyValue{attribute.String(AttrSettlement, s.String())}
+	}
+	return attrs
+}()
+
+func settlementAttr(s middleware.Settlement) []attribute.KeyValue {
+	if int(s) < len(settlementAttrs) && settlementAttrs[s] != nil {
+		return settlementAttrs[s]
+	}
+	return []attribute.KeyValue{attribute.String(AttrSettlement, s.String())}
 }
 
 // endProcess closes the span and records the processing time.
@@ -107,7 +177,7 @@ func (l *Listener) endProcess(ctx context.Context, span trace.Span, began int64,
 		attrs = l.tel.Messaging(telemetry.OperationProcess, l.queue, middleware.ErrorType(err))
 	}
 	if span.IsRecording() {
-		span.SetAttributes(attribute.String(AttrSettlement, s.String()))
+		span.SetAttributes(settlementAttr(s)...)
 		if failed {
 			span.SetStatus(codes.Error, errtext.String(err))
 			span.SetAttributes(semconv.ErrorTypeKey.String(middleware.ErrorType(err)))

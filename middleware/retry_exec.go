@@ -15,16 +15,17 @@ import (
 // execution is one delivery's pass through a Retry: it is never shared between
 // deliveries, so its backoff state needs no lock.
 type execution struct {
-	policy     *retryPolicy
-	tel        *telemetry.Telemetry
-	attrs      *telemetry.QueueAttrs
-	firstStart time.Time // when a traced first attempt began
-	recovered  bool      // a Recover below handed the delivery to its recoverer
-	first      attemptContext
-	start      time.Time
-	backoff    *backoff.ExponentialBackOff // created on the first failure
-	decidedFor int                         // the attempt whose decision is cached
-	decision   decision
+	policy      *retryPolicy
+	tel         *telemetry.Telemetry
+	attrs       *telemetry.QueueAttrs
+	firstStart  int64 // telemetry.Mono() when a traced first attempt began
+	firstTraced bool  // the first attempt ran under a recording span
+	recovered   bool  // a Recover below handed the delivery to its recoverer
+	first       attemptContext
+	start       time.Time
+	backoff     *backoff.ExponentialBackOff // created on the first failure
+	decidedFor  int                         // the attempt whose decision is cached
+	decision    decision
 }
 
 // execute runs one delivery through the policy: attempts, the decision after

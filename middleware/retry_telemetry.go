@@ -40,7 +40,7 @@ func (ex *execution) startAttempt(ctx context.Context, n int) (*attemptContext, 
 	switch {
 	case !span.IsRecording():
 	case n == 1:
-		ex.firstStart = time.Now()
+		ex.firstStart, ex.firstTraced = telemetry.Mono(), true // half the clock reads of time.Now
 		span = telemetry.NoSpan
 	default:
 		sctx, span = ex.tel.Tracer.Start(ctx, "attempt", trace.WithAttributes(attribute.Int(AttrAttempt, n)))
@@ -55,10 +55,10 @@ func (ex *execution) startAttempt(ctx context.Context, n int) (*attemptContext, 
 // failedFirst records the span of a first attempt that failed, from its
 // start; other attempts keep the span they have.
 func (ex *execution) failedFirst(ctx context.Context, n int, span trace.Span) trace.Span {
-	if n != 1 || ex.firstStart.IsZero() {
+	if n != 1 || !ex.firstTraced {
 		return span
 	}
-	_, span = ex.tel.Tracer.Start(ctx, "attempt", trace.WithTimestamp(ex.firstStart), trace.WithAttributes(attribute.Int(AttrAttempt, 1)))
+	_, span = ex.tel.Tracer.Start(ctx, "attempt", trace.WithTimestamp(telemetry.MonoTime(ex.firstStart)), trace.WithAttributes(attribute.Int(AttrAttempt, 1)))
 	return span
 }
 

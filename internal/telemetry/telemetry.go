@@ -148,10 +148,21 @@ func (t *Telemetry) TracingRoot(now int64) bool {
 // message.
 func Mono() int64 { return int64(time.Since(epoch)) }
 
+// MonoTime is the time at which Mono read mono, wall clock and monotonic
+// reading both, as time.Now would have returned it then (unless the wall
+// clock was set in between): a timestamp taken with Mono's one clock read,
+// for the rare span that needs it afterwards.
+func MonoTime(mono int64) time.Time {
+	now := time.Now()
+	return now.Add(time.Duration(mono) - now.Sub(epoch))
+}
+
 // ObserveRoot notes what the tracer returned for a root span, for Tracing.
 func (t *Telemetry) ObserveRoot(span trace.Span) {
 	if span.SpanContext().IsValid() {
-		t.noopUntil.Store(0)
+		if t.noopUntil.Load() != 0 { // every consumer gets here on every delivery: write only a change
+			t.noopUntil.Store(0)
+		}
 	} else {
 		t.noopUntil.Store(Mono() + int64(time.Second))
 	}
