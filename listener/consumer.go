@@ -50,13 +50,6 @@ type consumer struct {
 	interrupt     chan struct{}
 	interruptOnce sync.Once
 
-	// Spares: goroutines whose parked delivery is done, waiting to take over
-	// the reading when the next delivery parks, so that a flood of
-	// recoveries does not start a goroutine, and grow its stack, per message.
-	handOff    chan struct{} // unbuffered: a send succeeds only when a spare waits
-	spares     atomic.Int32
-	sparesDone chan struct{} // closed by finish: the spares end
-
 	current        atomic.Pointer[delivery] // the one the reader is handling
 	parked         parkedList               // those waiting between attempts, oldest first
 	prefetchWarned bool                     // watchAges's: the prefetch warning was given
@@ -115,7 +108,6 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 		gate:    make(chan struct{}, 1),
 		careful: calm != nil, calm: calm, prefetch: prefetch,
 		interrupt: make(chan struct{}),
-		handOff:   make(chan struct{}), sparesDone: make(chan struct{}),
 	}
 	select {
 	case <-sv.interrupt:
@@ -227,55 +219,13 @@ func (dd *delivery) WillWait() {
 	}
 }
 
-// spawnReader hands the reading to a spare goroutine, or starts one.
 func (c *consumer) spawnReader() {
-	select {
-	case c.handOff <- struct{}{}:
-		return
-	default: // no spare waits
-	}
 	c.sv.consumers.Add(1)
 	go c.read()
 }
 
-// maxSpares bounds the goroutines a consumer keeps waiting to read: enough
-// for a batch of confirms that ends many recoveries at once, few enough to
-// cost little while they wait (their stacks shrink at the next GC).
-const maxSpares = 32
-
-// read reads and handles deliveries until one parks; then the goroutine
-// stays with that delivery, and afterwards waits as a spare to read again.
 func (c *consumer) read() {
 	defer c.sv.consumers.Done()
-	for {
-		if closed := c.readUntilParked(); closed {
-			c.finish()
-			return
-		}
-		if !c.waitAsSpare() {
-			return
-		}
-	}
-}
-
-// waitAsSpare waits to be handed the reading, and reports whether it was;
-// false when there are spares enough already or the consumer has finished.
-func (c *consumer) waitAsSpare() bool {
-	defer c.spares.Add(-1)
-	if c.spares.Add(1) > maxSpares {
-		return false
-	}
-	select {
-	case <-c.handOff:
-		return true
-	case <-c.sparesDone:
-		return false
-	}
-}
-
-// readUntilParked handles deliveries on this goroutine until one parks
-// (false) or the deliveries channel closes (true).
-func (c *consumer) readUntilParked() (closed bool) {
 	for d := range c.deliveries {
 		if c.stopping.Load() && !c.handOver.Load() {
 			// Arrived after we cancelled: back to the queue at once, with a
@@ -303,19 +253,18 @@ func (c *consumer) readUntilParked() (closed bool) {
 		c.process(dd)
 		c.current.CompareAndSwap(dd, nil) // unless another reader has a newer one
 		if !dd.reader.CompareAndSwap(true, false) {
-			return false // it parked: another goroutine reads now
+			return // it parked: another goroutine reads now
 		}
 		// Done with dd: a late WillWait on it (from a goroutine its handler
 		// left behind) finds reader false and starts no second reader.
 	}
-	return true
+	c.finish()
 }
 
 // finish runs once the deliveries channel has closed: it waits for the
 // deliveries still in flight, then closes the channel.
 func (c *consumer) finish() {
 	c.consuming.Store(false)
-	close(c.sparesDone) // nothing parks any more: no reader is left to hand over
 	l := c.sv.l
 	if !c.stopping.Load() {
 		if c.ch.IsClosed() {
