@@ -210,15 +210,21 @@ func (p *Publisher) check(exchange, key string, msg *amqp.Publishing) error {
 }
 
 func (p *Publisher) await(ctx context.Context, cc *confirmChannel, f *inflight) error {
-	timer := time.NewTimer(p.cfg.confirmTimeout)
-	defer timer.Stop()
+	// A context that ends first makes the confirm timeout moot: no timer
+	// then (a recoverer's publish timeout, 30s by default as this one is).
+	var expired <-chan time.Time
+	if deadline, ok := ctx.Deadline(); !ok || time.Until(deadline) > p.cfg.confirmTimeout {
+		timer := time.NewTimer(p.cfg.confirmTimeout)
+		defer timer.Stop()
+		expired = timer.C
+	}
 	select {
 	case err := <-f.result:
 		return err
 	case <-ctx.Done():
 		cc.forget(f.tag)
 		return &notConfirmedError{exchange: f.exchange, key: f.key, cause: ctx.Err()}
-	case <-timer.C:
+	case <-expired:
 		cc.forget(f.tag)
 		return &notConfirmedError{exchange: f.exchange, key: f.key, cause: fmt.Errorf("no confirm within %v (WithConfirmTimeout)", p.cfg.confirmTimeout)}
 	}
