@@ -26,6 +26,8 @@ func poisonVariants(e *env) []variant {
 			about: fmt.Sprintf("amqp091-go: %d consumers (Qos %d), each with a confirm channel: publish a persistent copy to the DLQ with a deferred confirm, ack the original once it is confirmed", c, p)},
 		{name: "raw-annotated", run: republishRawAnnotated,
 			about: "as raw-republish, each copy carrying the fault headers the listener's Republish writes for this flood (built once, by recoverer.Republisher.Message): what amqp091-go and the broker pay for the headers alone"},
+		{name: "raw-per-copy", run: republishRawPerCopy,
+			about: "as raw-annotated, but shaped as a Recoverer must be: each delivery on a goroutine of its own that publishes its copy, waits for that copy's confirm and acks (the listener's shape, without the listener)"},
 		{name: "listener", run: republishListener,
 			about: "listener, Chain(Retry(5), Recover(Republish(pub, \"\", dlq))), handler returns Permanent(err): no retries, one annotated confirmed copy each"},
 	}
@@ -35,7 +37,7 @@ func poisonVariants(e *env) []variant {
 // consumer, one confirm channel with publishes pipelined, and a goroutine
 // that acks each original in order as its copy's confirm arrives.
 func republishRaw(ctx context.Context, e *env, q string, n int) (s Sample, err error) {
-	return republishRawWith(ctx, e, q, n, nil)
+	return republishRawWith(ctx, e, q, n, nil, false)
 }
 
 // republishRawAnnotated is republishRaw with the listener's fault headers on
@@ -46,7 +48,18 @@ func republishRawAnnotated(ctx context.Context, e *env, q string, n int) (s Samp
 	if err != nil {
 		return Sample{}, err
 	}
-	return republishRawWith(ctx, e, q, n, headers)
+	return republishRawWith(ctx, e, q, n, headers, false)
+}
+
+// republishRawPerCopy is raw-annotated in the shape a synchronous Recoverer
+// imposes: one goroutine per delivery, waiting for its own confirm, instead
+// of one publishing and one acking goroutine per consumer that pipeline.
+func republishRawPerCopy(ctx context.Context, e *env, q string, n int) (s Sample, err error) {
+	headers, err := faultHeaders(q)
+	if err != nil {
+		return Sample{}, err
+	}
+	return republishRawWith(ctx, e, q, n, headers, true)
 }
 
 // faultHeaders are the headers Republish(pub, "", q+".dlq") gives a copy of
@@ -68,7 +81,7 @@ func (frameOnly) Publish(context.Context, string, string, amqp.Publishing) error
 func (frameOnly) FrameMax() int    { return 131072 }
 func (frameOnly) Username() string { return "guest" }
 
-func republishRawWith(ctx context.Context, e *env, q string, n int, headers amqp.Table) (s Sample, err error) {
+func republishRawWith(ctx context.Context, e *env, q string, n int, headers amqp.Table, perCopy bool) (s Sample, err error) {
 	dlq := q + ".dlq"
 	cleanup, err := e.broker.queues(dlq)
 	if err != nil {
@@ -95,6 +108,36 @@ func republishRawWith(ctx context.Context, e *env, q string, n int, headers amqp
 		deliveries, pubCh, err := openRepublisher(conn, q, fmt.Sprint("raw-republish-", i), e.cfg.Prefetch)
 		if err != nil {
 			return Sample{}, err
+		}
+		if perCopy {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for d := range deliveries {
+					t.begin()
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						dc, err := pubCh.PublishWithDeferredConfirmWithContext(ctx, "", dlq, true, false,
+							amqp.Publishing{Headers: headers, Body: d.Body, DeliveryMode: amqp.Persistent})
+						if err == nil {
+							if ok, werr := dc.WaitContext(ctx); !ok || werr != nil {
+								err = fmt.Errorf("copy not confirmed: %v", werr)
+							}
+						}
+						if err != nil {
+							select {
+							case failed <- err:
+							default: // one failure is enough to report
+							}
+							return
+						}
+						_ = d.Ack(false)
+						t.hit()
+					}()
+				}
+			}()
+			continue
 		}
 		// At most a prefetch of deliveries is unacked, so at most that many
 		// copies await their confirm.

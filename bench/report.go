@@ -187,16 +187,20 @@ func ratioText(r float64) string {
 
 // writePoisonCost splits the listener's CPU per message in the poison flood
 // into the raw republish loop, what the fault headers cost amqp091 and the
-// broker (raw-annotated over raw-republish), and what is ours.
+// broker (raw-annotated over raw-republish), what the shape of a synchronous
+// Recoverer costs (raw-per-copy over raw-annotated), and what is ours.
 func writePoisonCost(w io.Writer, c *Comparison) {
-	l, ann, raw := c.variant("listener"), c.variant("raw-annotated"), c.variant("raw-republish")
-	if l == nil || ann == nil || raw == nil {
+	l, ann, per, raw := c.variant("listener"), c.variant("raw-annotated"), c.variant("raw-per-copy"), c.variant("raw-republish")
+	if l == nil || ann == nil || per == nil || raw == nil {
 		return
 	}
-	fmt.Fprintf(w, "The listener's CPU per message is %.2f× raw-annotated's and its msg/s %.2f× raw-annotated's. Of its %.1f µs, the raw republish loop takes %.1f, "+
-		"the same fault headers on the copy %.1f (raw-annotated − raw-republish), and the listener, middleware, recoverer and publisher %.1f (listener − raw-annotated).\n\n",
-		ratio(l.MedianCPUPerMsg, ann.MedianCPUPerMsg), ratio(l.MedianMsgPerSec, ann.MedianMsgPerSec), l.MedianCPUPerMsg,
-		raw.MedianCPUPerMsg, ann.MedianCPUPerMsg-raw.MedianCPUPerMsg, l.MedianCPUPerMsg-ann.MedianCPUPerMsg)
+	fmt.Fprintf(w, "The listener's CPU per message is %.2f× raw-per-copy's and %.2f× raw-annotated's; its msg/s %.2f× raw-per-copy's and %.2f× raw-annotated's. "+
+		"Of its %.1f µs, the raw republish loop takes %.1f, the fault headers on the copy %.1f (raw-annotated − raw-republish), "+
+		"a goroutine per delivery waiting for its own confirm %.1f (raw-per-copy − raw-annotated), "+
+		"and the listener, middleware, recoverer and publisher %.1f (listener − raw-per-copy).\n\n",
+		ratio(l.MedianCPUPerMsg, per.MedianCPUPerMsg), ratio(l.MedianCPUPerMsg, ann.MedianCPUPerMsg),
+		ratio(l.MedianMsgPerSec, per.MedianMsgPerSec), ratio(l.MedianMsgPerSec, ann.MedianMsgPerSec), l.MedianCPUPerMsg,
+		raw.MedianCPUPerMsg, ann.MedianCPUPerMsg-raw.MedianCPUPerMsg, per.MedianCPUPerMsg-ann.MedianCPUPerMsg, l.MedianCPUPerMsg-per.MedianCPUPerMsg)
 }
 
 // writeOTelCost splits listener-otel's CPU per message into what the SDK
