@@ -15,6 +15,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqptable"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
+	"github.com/amqpretry/amqpretry/internal/errtree"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
@@ -148,13 +149,14 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 		if err == nil {
 			err = p.await(ctx, cc, f)
 		}
-		var lost *channelLostError
-		switch {
-		case err == nil:
+		if err == nil {
 			return nil
+		}
+		lost, isLost := errtree.As[*channelLostError](err) // errors.As's target would be allocated on every publish
+		switch {
 		case ctx.Err() != nil:
 			return &notConfirmedError{exchange: exchange, key: key, cause: ctx.Err()}
-		case errors.As(err, &lost):
+		case isLost:
 			// Lost with its channel: publish again, on a new channel if need
 			// be. Exceptions nobody could be blamed for, and failing sends, are
 			// allowed a few times before this message is suspected.
