@@ -82,7 +82,7 @@ suite:
 	@echo "== suite on $$(AMQP_URL="$(AMQP_URL)" $(BIN)/brokercheck -describe || echo "$(AMQP_URL), which does not answer")"
 	@$(MAKE) --no-print-directory unit reliability
 
-# About two and a half minutes: throughput against raw amqp091-go and Watermill, a
+# About six minutes (five rounds of each): throughput against raw amqp091-go and Watermill, a
 # poison flood, scale-up, the retry schedule, the outbox relay against raw
 # confirmed publishing and its commit-to-publish latency (on PostgreSQL).
 # Writes bench/results/. PROFILE=1 also writes a CPU and an allocation profile
