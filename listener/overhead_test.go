@@ -103,12 +103,7 @@ func BenchmarkDeliveryOverhead(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			sv := &supervisor{l: l, ctx: context.Background(), interrupt: make(chan struct{})}
-			sv.handlerCtx, sv.cancelHandlers = context.WithCancel(context.Background())
-			defer sv.cancelHandlers()
-			c := &consumer{sv: sv, gate: make(chan struct{}, 1), interrupt: make(chan struct{})}
-			c.ctx = sv.chainContext(sv.handlerCtx, c.interrupt)
-			c.handle = l.mw(c.gated(middleware.CatchPanics()(handler)))
+			c := benchConsumer(b, l, handler)
 			b.ReportAllocs()
 			cpu0 := processCPU()
 			for b.Loop() {
@@ -182,4 +177,16 @@ func benchmarkOTelFloor(b *testing.B) {
 		duration.Float64Histogram.Record(sctx, time.Since(began).Seconds(), messagingRecord...)
 	}
 	reportCPU(b, cpu0)
+}
+
+// benchConsumer is a consumer of l with no channel, for benchmarks that run
+// deliveries through process with a fake acknowledger.
+func benchConsumer(b *testing.B, l *Listener, handler middleware.Handler) *consumer {
+	sv := &supervisor{l: l, ctx: context.Background(), interrupt: make(chan struct{})}
+	sv.handlerCtx, sv.cancelHandlers = context.WithCancel(context.Background())
+	b.Cleanup(sv.cancelHandlers)
+	c := &consumer{sv: sv, gate: make(chan struct{}, 1), interrupt: make(chan struct{})}
+	c.ctx = sv.chainContext(sv.handlerCtx, c.interrupt)
+	c.handle = l.mw(c.gated(middleware.CatchPanics()(handler)))
+	return c
 }

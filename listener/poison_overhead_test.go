@@ -36,12 +36,7 @@ func BenchmarkPoisonOverhead(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sv := &supervisor{l: l, ctx: context.Background(), interrupt: make(chan struct{})}
-	sv.handlerCtx, sv.cancelHandlers = context.WithCancel(context.Background())
-	defer sv.cancelHandlers()
-	c := &consumer{sv: sv, gate: make(chan struct{}, 1), interrupt: make(chan struct{})}
-	c.ctx = sv.chainContext(sv.handlerCtx, c.interrupt)
-	c.handle = l.mw(c.gated(middleware.CatchPanics()(handler)))
+	c := benchConsumer(b, l, handler)
 	headers := amqp.Table{"tenant": "acme", "attempt-source": "web"}
 	b.ReportAllocs()
 	for b.Loop() {
