@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -130,7 +129,7 @@ func (b *outboxBench) raw(ctx context.Context, n, _ int) (Sample, error) {
 		return Sample{}, err
 	}
 	returns := ch.NotifyReturn(make(chan amqp.Return, 16))
-	runtime.GC()
+	settleHeap()
 	t := newTally(n)
 	cpu0 := cpuTime()
 	window := make([]*amqp.DeferredConfirmation, 0, rawWindow)
@@ -223,7 +222,7 @@ func (b *outboxBench) relay(ctx context.Context, n, round int) (Sample, error) {
 		return Sample{}, err
 	}
 	defer pub.Close()
-	runtime.GC()
+	settleHeap()
 
 	var start time.Time
 	if err := b.db.QueryRowContext(ctx, `SELECT clock_timestamp()`).Scan(&start); err != nil {
