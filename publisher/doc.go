@@ -22,7 +22,9 @@
 // Each publish is an OpenTelemetry PRODUCER span "send <exchange>" whose
 // context is written into a copy of the message's headers (traceparent), and
 // is counted in messaging.client.sent.messages and
-// messaging.client.operation.duration (until the confirm).
+// messaging.client.operation.duration (until the confirm). While the tracer
+// records nothing (no SDK set) and the context carries no span, no span is
+// started, as in the listener; the context's baggage is still written.
 //
 // # Invalid options
 //
