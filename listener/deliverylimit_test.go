@@ -130,7 +130,15 @@ func TestRequeuedPastTheDeliveryLimit(t *testing.T) {
 		brokertest.Eventually(t, 30*time.Second, fmt.Sprintf("%d deliveries", expect), func() bool { return calls.Load() >= int64(expect) })
 		time.Sleep(300 * time.Millisecond) // a further delivery would come now
 		r.Stop(t)
-		res := result{calls: calls.Load(), work: brokertest.Depth(t, topo.Queue), dlq: brokertest.Depth(t, topo.DLQ())}
+		// A quorum queue counts the message Stop handed back a moment later:
+		// read the depths once they show it, or after 5s whatever they say.
+		var res result
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			res = result{calls: calls.Load(), work: brokertest.Depth(t, topo.Queue), dlq: brokertest.Depth(t, topo.DLQ())}
+			if res.work+res.dlq > 0 || time.Now().After(deadline) {
+				break
+			}
+		}
 		if res.dlq == 1 {
 			d, _ := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), topo.DLQ())
 			res.reason, res.deadLettered = d.Headers["x-first-death-reason"], true
