@@ -13,23 +13,39 @@ import (
 	"github.com/amqpretry/amqpretry/middleware"
 )
 
+// The broker closes the listener's connection while deliveries are in
+// flight: the listener redials, and every message is handled. Handlers past
+// the 500th are held until the cut is done, so the cut always lands in the
+// middle of the run however fast the machine is (rabbitmqctl alone can take
+// longer than the whole run would).
 func TestConnectionKilledByTheBrokerResumes(t *testing.T) {
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
 	publishN(t, q, 3000)
 	name := brokertest.Name(t, "listener")
 	s := newSeen()
-	r := start(t, q, middleware.Chain(middleware.Retry(3)), func(_ context.Context, d *amqp.Delivery) error {
+	cut := make(chan struct{})
+	var calls, held atomic.Int64
+	r := start(t, q, middleware.Chain(middleware.Retry(3)), func(ctx context.Context, d *amqp.Delivery) error {
+		if calls.Add(1) > 500 {
+			held.Add(1)
+			select {
+			case <-cut:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		time.Sleep(2 * time.Millisecond)
 		s.add(d.MessageId)
 		return nil
 	}, listener.WithConcurrentConsumers(2), listener.WithConnectionName(name), listener.WithPrefetch(50))
 
-	brokertest.Eventually(t, 20*time.Second, "500 handled", func() bool { return s.distinct() >= 500 })
+	brokertest.Eventually(t, 20*time.Second, "500 handled and the next held", func() bool { return s.distinct() >= 500 && held.Load() > 0 })
 	if n := brokertest.CloseConnections(t, name); n != 1 {
 		t.Fatalf("closed %d connections, want the listener's one", n)
 	}
 	atCut := s.distinct()
+	close(cut)
 	if atCut >= 3000 {
 		t.Fatal("every message was handled before the cut: the test proves nothing")
 	}
