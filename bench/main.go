@@ -97,7 +97,7 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 		return nil, err
 	}
 	defer b.Close()
-	e := &env{cfg: cfg, broker: b}
+	e := &env{cfg: cfg, broker: b, brokerPID: brokerPID(cfg.URL)}
 
 	r := &Results{
 		Machine: machineInfo(b),

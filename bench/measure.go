@@ -90,18 +90,26 @@ type Sample struct {
 	Seconds   float64 `json:"seconds"` // first message begun to last finished
 	MsgPerSec float64 `json:"msg_per_sec"`
 	CPUPerMsg float64 `json:"cpu_us_per_msg"` // client CPU (user+system), µs
+	// BrokerCPUPerMsg is the broker's CPU over the same span, per message, µs:
+	// 0 when the broker is not a process of this machine the bench can see.
+	// It includes whatever else the broker did meanwhile.
+	BrokerCPUPerMsg float64 `json:"broker_cpu_us_per_msg,omitempty"`
 }
 
 // sampleOf turns a finished tally and the CPU spent since cpu0 into a Sample.
-func sampleOf(t *tally, cpu0 time.Duration) Sample {
+func sampleOf(t *tally, cpu0 cpuMark) Sample {
 	n := int(t.target)
 	secs := t.elapsed().Seconds()
-	return Sample{
+	s := Sample{
 		Messages:  n,
 		Seconds:   secs,
 		MsgPerSec: float64(n) / secs,
-		CPUPerMsg: float64((cpuTime() - cpu0).Nanoseconds()) / 1e3 / float64(n),
+		CPUPerMsg: float64((cpuTime() - cpu0.self).Nanoseconds()) / 1e3 / float64(n),
 	}
+	if b, ok := cpu0.brokerCPUSince(); ok {
+		s.BrokerCPUPerMsg = float64(b.Nanoseconds()) / 1e3 / float64(n)
+	}
+	return s
 }
 
 // median of xs; the mean of the middle two for an even count, 0 for none.

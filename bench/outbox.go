@@ -131,7 +131,7 @@ func (b *outboxBench) raw(ctx context.Context, n, _ int) (Sample, error) {
 	returns := ch.NotifyReturn(make(chan amqp.Return, 16))
 	settleHeap()
 	t := newTally(n)
-	cpu0 := cpuTime()
+	cpu0 := b.e.cpuMark()
 	window := make([]*amqp.DeferredConfirmation, 0, rawWindow)
 	await := func(dc *amqp.DeferredConfirmation) error {
 		ok, err := dc.WaitContext(ctx)
@@ -228,10 +228,11 @@ func (b *outboxBench) relay(ctx context.Context, n, round int) (Sample, error) {
 	if err := b.db.QueryRowContext(ctx, `SELECT clock_timestamp()`).Scan(&start); err != nil {
 		return Sample{}, err
 	}
-	cpu0 := cpuTime()
+	cpu0 := b.e.cpuMark()
 	stop, done := b.runRelay(ctx, ob.Relay(pub))
 	waitErr := b.waitSent(ctx, ob.Table(), n, done)
-	cpu := cpuTime() - cpu0
+	cpu := cpuTime() - cpu0.self
+	brokerCPU, brokerKnown := cpu0.brokerCPUSince()
 	if err := errors.Join(waitErr, stop()); err != nil {
 		return Sample{}, err
 	}
@@ -243,7 +244,11 @@ func (b *outboxBench) relay(ctx context.Context, n, round int) (Sample, error) {
 		return Sample{}, err
 	}
 	secs := last.Sub(start).Seconds()
-	return Sample{Messages: n, Seconds: secs, MsgPerSec: float64(n) / secs, CPUPerMsg: float64(cpu.Nanoseconds()) / 1e3 / float64(n)}, nil
+	s := Sample{Messages: n, Seconds: secs, MsgPerSec: float64(n) / secs, CPUPerMsg: float64(cpu.Nanoseconds()) / 1e3 / float64(n)}
+	if brokerKnown {
+		s.BrokerCPUPerMsg = float64(brokerCPU.Nanoseconds()) / 1e3 / float64(n)
+	}
+	return s, nil
 }
 
 // runRelay runs relay in a goroutine; stop cancels it and returns Run's

@@ -90,7 +90,7 @@ func republishRawWith(ctx context.Context, e *env, q string, n int, headers amqp
 	defer func() { err = errors.Join(err, cleanup()) }()
 
 	t := newTally(n)
-	cpu0 := cpuTime()
+	cpu0 := e.cpuMark()
 	conn, err := amqp.Dial(e.broker.url)
 	if err != nil {
 		return Sample{}, err
@@ -236,7 +236,7 @@ func republishListener(ctx context.Context, e *env, q string, n int) (s Sample, 
 		t.begin()
 		return middleware.Permanent(errPoison)
 	}
-	cpu0 := cpuTime()
+	cpu0 := e.cpuMark()
 	stop, err := startListener(ctx, e, q, mw, handle)
 	if err != nil {
 		return Sample{}, err

@@ -13,8 +13,9 @@ import (
 
 // env is what every measurement shares.
 type env struct {
-	cfg    Config
-	broker *broker
+	cfg       Config
+	broker    *broker
+	brokerPID int // the broker's process on this machine, or 0: see brokercpu.go
 }
 
 // variant is one way of consuming a filled queue: it consumes n messages
@@ -47,6 +48,8 @@ type VariantResult struct {
 	RatioToBaseline    float64  `json:"ratio_to_baseline"`
 	MedianCPUPerMsg    float64  `json:"median_cpu_us_per_msg"`
 	CPURatioToBaseline float64  `json:"cpu_ratio_to_baseline"`
+	// MedianBrokerCPUPerMsg is 0 when the broker's CPU was not measured.
+	MedianBrokerCPUPerMsg float64 `json:"median_broker_cpu_us_per_msg,omitempty"`
 }
 
 // compare runs the variants in interleaved rounds so that a drift in the
@@ -107,11 +110,17 @@ func (c *Comparison) summarize() {
 	var base *VariantResult
 	for i := range c.Variants {
 		v := &c.Variants[i]
-		var rates, cpus []float64
+		var rates, cpus, brokerCPUs []float64
 		for _, s := range v.Samples {
 			rates, cpus = append(rates, s.MsgPerSec), append(cpus, s.CPUPerMsg)
+			if s.BrokerCPUPerMsg > 0 {
+				brokerCPUs = append(brokerCPUs, s.BrokerCPUPerMsg)
+			}
 		}
 		v.MedianMsgPerSec, v.MedianCPUPerMsg = median(rates), median(cpus)
+		if len(brokerCPUs) == len(v.Samples) { // all or nothing: a median of some rounds would mislead
+			v.MedianBrokerCPUPerMsg = median(brokerCPUs)
+		}
 		if v.Name == c.Baseline {
 			base = v
 		}
@@ -124,6 +133,16 @@ func (c *Comparison) summarize() {
 		v.RatioToBaseline = ratio(v.MedianMsgPerSec, base.MedianMsgPerSec)
 		v.CPURatioToBaseline = ratio(v.MedianCPUPerMsg, base.MedianCPUPerMsg)
 	}
+}
+
+// brokerCPUKnown reports whether every variant has the broker's CPU.
+func (c *Comparison) brokerCPUKnown() bool {
+	for _, v := range c.Variants {
+		if v.MedianBrokerCPUPerMsg <= 0 {
+			return false
+		}
+	}
+	return len(c.Variants) > 0
 }
 
 // variant returns the named variant's result, or nil if it did not run.

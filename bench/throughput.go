@@ -69,7 +69,7 @@ func consumeRaw(ctx context.Context, e *env, q string, n int) (Sample, error) {
 // (so that it may keep scratch space without locks).
 func consumeDirect(ctx context.Context, e *env, q string, n int, tagPrefix string, newSettle func() func(amqp.Delivery)) (Sample, error) {
 	t := newTally(n)
-	cpu0 := cpuTime()
+	cpu0 := e.cpuMark()
 	conn, err := amqp.Dial(e.broker.url)
 	if err != nil {
 		return Sample{}, err
@@ -166,7 +166,7 @@ func consumeWithListener(ctx context.Context, e *env, q string, n int, opts ...l
 		t.hit()
 		return nil
 	}
-	cpu0 := cpuTime()
+	cpu0 := e.cpuMark()
 	stop, err := startListener(ctx, e, q, mw, handle, opts...)
 	if err != nil {
 		return Sample{}, err

@@ -54,7 +54,7 @@ func consumeWatermill(ctx context.Context, e *env, q string, n int) (s Sample, e
 	retry := wmiddleware.Retry{MaxRetries: 5, InitialInterval: time.Second, Multiplier: 2, MaxInterval: 10 * time.Second}
 
 	t := newTally(n)
-	cpu0 := cpuTime()
+	cpu0 := e.cpuMark()
 	sub, err := wamqp.NewSubscriber(cfg, logger)
 	if err != nil {
 		return Sample{}, err
