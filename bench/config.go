@@ -55,8 +55,8 @@ func defaultConfig() Config {
 		URL:    defaultURL,
 		Rounds: 5,
 		// A happy-path run of 30000 lasts half a second on a quick
-		// machine, and its rounds spread by a third; 100000 keep them
-		// within a few percent. The poison flood is slower per message:
+		// machine, and its rounds spread by a third; 100000 bring that
+		// to about a tenth. The poison flood is slower per message:
 		// 30000 already take seconds.
 		Messages:              100000,
 		PoisonMessages:        30000,
