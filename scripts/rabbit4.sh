@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# A RabbitMQ 4.0 broker beside the system's 3.10, for testing on the version
-# users run. Debian bookworm ships only 3.10.8, so this installs Debian trixie's
-# rabbitmq-server (4.0.5, Erlang 27) into a root of its own with debootstrap and
-# runs it there under its own node name, ports and epmd:
+# RabbitMQ 4 brokers beside the system's 3.10, for testing on the versions
+# users run. Debian bookworm ships only 3.10.8, so this installs a newer
+# Debian's rabbitmq-server into a root of its own with debootstrap and runs it
+# there under its own node name, ports and epmd:
 #
-#   node rabbit4@localhost   AMQP 127.0.0.1:5673   distribution 25673   epmd 24369
+#   4.0  Debian trixie's 4.0.5 (Erlang 27)
+#        node rabbit4@localhost    AMQP 127.0.0.1:5673   distribution 25673   epmd 24369
+#   4.3  Debian forky's 4.3.6 (Erlang 29; debootstrap's sid script bootstraps forky)
+#        node rabbit43@localhost   AMQP 127.0.0.1:5674   distribution 25674   epmd 24370
 #
-#   scripts/rabbit4.sh [up]      make sure it answers: install, mount, start (idempotent)
-#   scripts/rabbit4.sh down      stop it and unmount what up mounted
-#   scripts/rabbit4.sh ctl ARGS  rabbitmqctl on that node (what tests call through
-#                                $AMQPRETRY_RABBITMQCTL)
-#   scripts/rabbit4.sh status    say whether it answers; exit 1 if not
-#   scripts/rabbit4.sh url       print its AMQP URL
+#   scripts/rabbit4.sh [VERSION] [up]      make sure it answers: install, mount, start (idempotent)
+#   scripts/rabbit4.sh [VERSION] down      stop it and unmount what up mounted
+#   scripts/rabbit4.sh [VERSION] ctl ARGS  rabbitmqctl on that node (what tests call through
+#                                          $AMQPRETRY_RABBITMQCTL)
+#   scripts/rabbit4.sh [VERSION] status    say whether it answers; exit 1 if not
+#   scripts/rabbit4.sh [VERSION] url       print its AMQP URL
+#   scripts/rabbit4.sh [VERSION] root      print the directory of its root
 #
-# The root lives in $RABBIT4_ROOT (default /var/lib/amqpretry/rabbitmq4-trixie),
-# outside the checkout, so every clone on the machine shares one install (about
-# a minute and 370 MB the first time). Installing needs root and Debian's mirror.
+# VERSION is 4.0 (the default) or 4.3. The root lives in $RABBIT4_ROOT or $RABBIT43_ROOT (default
+# /var/lib/amqpretry/rabbitmq4-trixie for 4.0, /var/lib/amqpretry/rabbitmq43-forky
+# for 4.3), outside the checkout, so every clone on the machine shares one
+# install (about a minute and 370 MB the first time). Installing needs root and
+# Debian's mirror.
 # Debian's /usr/sbin wrappers switch to the rabbitmq user through su and drop the
 # environment, so this runs the real scripts in /usr/lib/rabbitmq/bin as that
 # user, and the settings live in the root's rabbitmq-env.conf, which both the
@@ -23,19 +29,24 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-R="${RABBIT4_ROOT:-/var/lib/amqpretry/rabbitmq4-trixie}"
-port=5673
+version=4.0
+if [[ ${1:-} =~ ^4\.[0-9]+$ ]]; then version=$1; shift; fi
+case "$version" in
+4.0) suite=trixie script=trixie node=rabbit4 port=5673 dist=25673 epmd=24369 R="${RABBIT4_ROOT:-/var/lib/amqpretry/rabbitmq4-trixie}" ;;
+4.3) suite=forky script=sid node=rabbit43 port=5674 dist=25674 epmd=24370 R="${RABBIT43_ROOT:-/var/lib/amqpretry/rabbitmq43-forky}" ;;
+*) echo "rabbit4.sh: RabbitMQ $version is not one this script installs: 4.0 or 4.3" >&2; exit 2 ;;
+esac
 url="amqp://guest:guest@127.0.0.1:$port/"
 wait_for="${BROKER_WAIT:-90}"
 check="$root/.bin/brokercheck"
 
-say() { echo "rabbit4.sh: $*" >&2; }
+say() { echo "rabbit4.sh ($version): $*" >&2; }
 
 # need_root: the root is entered with chroot and mounts, which only root can do.
 need_root() {
   if [[ $(id -u) -ne 0 ]]; then
     say "$1 needs root (chroot and mount into $R); run it as root, or point \$AMQP_URL and"
-    say "\$AMQPRETRY_RABBITMQCTL at a RabbitMQ 4 of your own and run make suite"
+    say "\$AMQPRETRY_RABBITMQCTL at a RabbitMQ $version of your own and run make suite"
     exit 1
   fi
 }
@@ -45,7 +56,7 @@ as_rabbitmq() {
   local ids
   ids=$(awk -F: '$1 == "rabbitmq" { print $3 ":" $4 }' "$R/etc/passwd" 2>/dev/null || true)
   if [[ -z $ids ]]; then
-    say "$R has no rabbitmq user: it is not a RabbitMQ root (remove it, and scripts/rabbit4.sh up installs it again)"
+    say "$R has no rabbitmq user: it is not a RabbitMQ root (remove it, and scripts/rabbit4.sh $version up installs it again)"
     exit 1
   fi
   chroot --userspec="$ids" "$R" /usr/bin/env -i HOME=/var/lib/rabbitmq PATH=/usr/bin:/bin LANG=C.UTF-8 "$@"
@@ -60,7 +71,7 @@ answers() { AMQP_URL="$url" "$check" -quiet -timeout "${1:-2s}"; }
 
 install_root() {
   [[ -x $R/usr/lib/rabbitmq/bin/rabbitmq-server ]] && return 0
-  need_root "installing RabbitMQ 4"
+  need_root "installing RabbitMQ $version"
   mkdir -p "$(dirname "$R")"
   # One install at a time, whichever clone asks.
   exec 9>"$R.lock"
@@ -71,11 +82,14 @@ install_root() {
     say "installing debootstrap"
     { apt-get update -qq && apt-get install -y -qq debootstrap; } >&2
   fi
-  say "installing Debian trixie's rabbitmq-server into $R (about a minute)"
+  say "installing Debian $suite's rabbitmq-server into $R (about a minute)"
   # A killed debootstrap may leave /proc or /sys mounted in its target.
   unmount_under "$R.partial"
   rm -rf --one-file-system "$R.partial"
-  if ! debootstrap --variant=minbase --include=rabbitmq-server trixie "$R.partial" http://deb.debian.org/debian >"$R.log" 2>&1; then
+  # A debootstrap older than the suite has no script named after it; sid's
+  # (unstable's) bootstraps testing too.
+  if ! debootstrap --variant=minbase --include=rabbitmq-server "$suite" "$R.partial" http://deb.debian.org/debian \
+    "/usr/share/debootstrap/scripts/$script" >"$R.log" 2>&1; then
     tail -n 20 "$R.log" >&2
     say "debootstrap failed; the whole log is $R.log"
     exit 1
@@ -104,11 +118,11 @@ configure() {
   sync_hosts
   cat >"$R/etc/rabbitmq/rabbitmq-env.conf" <<EOF
 # Written by amqpretry's scripts/rabbit4.sh: a node beside the system's broker.
-NODENAME=rabbit4@localhost
+NODENAME=$node@localhost
 NODE_IP_ADDRESS=127.0.0.1
 NODE_PORT=$port
-DIST_PORT=25673
-ERL_EPMD_PORT=24369
+DIST_PORT=$dist
+ERL_EPMD_PORT=$epmd
 EOF
   cat >"$R/etc/rabbitmq/rabbitmq.conf" <<EOF
 # Written by amqpretry's scripts/rabbit4.sh.
@@ -160,7 +174,7 @@ up() {
     if [[ $(id -u) -eq 0 && -d $R/etc ]]; then sync_hosts; fi
     return 0
   fi
-  need_root "starting RabbitMQ 4"
+  need_root "starting RabbitMQ $version"
   install_root
   configure
   mount_all
@@ -169,28 +183,28 @@ up() {
     say "the node runs but does not accept connections; starting its app"
     ctl -q start_app >&2 || true
   else
-    say "starting RabbitMQ 4 (rabbit4@localhost, port $port)"
+    say "starting RabbitMQ $version ($node@localhost, port $port)"
     # setsid: the node outlives this script and the make that ran it, like
     # rabbitmq-server -detached does for the system broker.
     as_rabbitmq /bin/sh -c 'mkdir -p /var/log/rabbitmq && exec setsid /usr/lib/rabbitmq/bin/rabbitmq-server >/var/log/rabbitmq/startup_log 2>&1 </dev/null &'
   fi
   if wait_until up; then
-    say "RabbitMQ 4 is up ($((SECONDS - started))s)"
+    say "RabbitMQ $version is up ($((SECONDS - started))s)"
     return 0
   fi
-  say "RabbitMQ 4 did not accept AMQP connections within ${wait_for}s; last lines of its log:"
+  say "RabbitMQ $version did not accept AMQP connections within ${wait_for}s; last lines of its log:"
   tail -n 30 "$R/var/log/rabbitmq/startup_log" >&2 || true
   exit 1
 }
 
 down() {
   [[ -d $R ]] || return 0
-  need_root "stopping RabbitMQ 4"
+  need_root "stopping RabbitMQ $version"
   if ctl -q ping >/dev/null 2>&1; then
     ctl -q shutdown >&2 || true
     wait_until down || say "the node did not stop within ${wait_for}s"
   fi
-  # The node started an epmd of its own (port 24369) that outlives it: the
+  # The node started an epmd of its own (port $epmd) that outlives it: the
   # one whose root is ours.
   local pid
   for pid in $(pgrep -x epmd || true); do
@@ -205,7 +219,8 @@ down) down ;;
 ctl) shift; ctl "$@" ;;
 status)
   (cd "$root" && go build -o "$check" ./internal/cmd/brokercheck)
-  if answers; then echo "RabbitMQ 4 answers at $url"; else echo "RabbitMQ 4 does not answer at $url"; exit 1; fi ;;
+  if answers; then echo "RabbitMQ $version answers at $url"; else echo "RabbitMQ $version does not answer at $url"; exit 1; fi ;;
 url) echo "$url" ;;
-*) say "usage: $0 [up|down|ctl ARGS...|status|url]"; exit 2 ;;
+root) echo "$R" ;;
+*) say "usage: $0 [4.0|4.3] [up|down|ctl ARGS...|status|url|root]"; exit 2 ;;
 esac

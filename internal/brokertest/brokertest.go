@@ -89,13 +89,39 @@ func Dial(t testing.TB) *amqp.Connection {
 // Major returns the major version of the broker under test: 3 or 4.
 func Major(t testing.TB) int {
 	t.Helper()
+	major, _ := Version(t)
+	return major
+}
+
+// Version returns the major and minor version of the broker under test
+// (3, 10 for RabbitMQ 3.10.8), from the server properties of a connection.
+func Version(t testing.TB) (major, minor int) {
+	t.Helper()
 	v, _ := Dial(t).Properties["version"].(string)
-	major, _, _ := strings.Cut(v, ".")
-	n, err := strconv.Atoi(major)
-	if err != nil {
+	major, minor, ok := ParseVersion(v)
+	if !ok {
 		t.Fatalf("the broker reports version %q", v)
 	}
-	return n
+	return major, minor
+}
+
+// AtLeast reports whether the broker under test is version major.minor or
+// newer.
+func AtLeast(t testing.TB, major, minor int) bool {
+	t.Helper()
+	ma, mi := Version(t)
+	return ma > major || (ma == major && mi >= minor)
+}
+
+// ParseVersion reads "4.3.6" (or "4.3.0-rc.1") as 4, 3.
+func ParseVersion(v string) (major, minor int, ok bool) {
+	ma, rest, _ := strings.Cut(v, ".")
+	mi, _, _ := strings.Cut(rest, ".")
+	mi, _, _ = strings.Cut(mi, "-")
+	var err1, err2 error
+	major, err1 = strconv.Atoi(ma)
+	minor, err2 = strconv.Atoi(mi)
+	return major, minor, err1 == nil && err2 == nil
 }
 
 // Channel opens a channel on conn, closed when the test ends.
