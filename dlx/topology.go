@@ -14,6 +14,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqphdr"
 )
 
@@ -125,6 +126,22 @@ type Topology struct {
 	// (x-dead-letter-strategy=at-least-once, which needs x-overflow=reject-publish)
 	// instead of at most once.
 	AtLeastOnce bool
+
+	// DelayedRedelivery has the quorum work queue retry failed deliveries
+	// itself, after a delay, and dead-letter them at least once past the
+	// limit: RabbitMQ 4.3's delayed retry, with no retry queues. Recover
+	// with Redeliver. See DelayedRedelivery for the schedule, and for older
+	// brokers.
+	DelayedRedelivery *DelayedRedelivery
+
+	// MaxPriority gives a classic work queue priorities 0 to MaxPriority
+	// (x-max-priority, at most 255; RabbitMQ advises at most 10): a message
+	// with a higher priority is delivered first. Quorum queues need no
+	// argument and refuse this one (RabbitMQ 4.3.6 included): from RabbitMQ
+	// 4.0 they deliver priorities above 4 ahead of the rest, and RabbitMQ 4.3
+	// orders them strictly by priority; 3.x quorum queues ignore priorities.
+	// Republish and Tiers keep a message's priority.
+	MaxPriority int
 }
 
 // DLX is the dead-letter exchange's name.
@@ -183,6 +200,19 @@ func (t Topology) Validate() error {
 	}
 	if (t.DeliveryLimit > 0 || t.AtLeastOnce) && t.Type != Quorum {
 		bad("dlx: Topology.DeliveryLimit and Topology.AtLeastOnce need Type: dlx.Quorum")
+	}
+	if t.DelayedRedelivery != nil {
+		errs = append(errs, t.DelayedRedelivery.validate(t)...)
+	}
+	if t.MaxPriority < 0 || t.MaxPriority > 255 {
+		bad("dlx: Topology.MaxPriority expects 0 to 255, got %d", t.MaxPriority)
+	}
+	if t.MaxPriority > 0 && t.Type == Quorum {
+		bad("dlx: Topology.MaxPriority %d is x-max-priority, which RabbitMQ refuses on quorum queues: they deliver by message priority without it "+
+			"(from RabbitMQ 4.0; strictly from 4.3): drop MaxPriority", t.MaxPriority)
+	}
+	if t.MaxPriority > 0 && t.SkipWorkQueue {
+		bad("dlx: Topology.MaxPriority %d is not used with Topology.SkipWorkQueue: the work queue is declared elsewhere", t.MaxPriority)
 	}
 	if t.DLQWithBrokerDefaultLimit && t.Type != Quorum {
 		bad("dlx: Topology.DLQWithBrokerDefaultLimit is for a quorum DLQ created without x-delivery-limit: it needs Type: dlx.Quorum, got %q", cmp.Or(t.Type, Classic))
@@ -259,6 +289,16 @@ func (t Topology) workQueueArguments() map[string]ownedArgument {
 	if t.Type == Quorum && t.DeliveryLimit > 0 {
 		owned["x-delivery-limit"] = ownedArgument{int64(t.DeliveryLimit), fmt.Sprintf("Declare sets it to Topology.DeliveryLimit, %d", t.DeliveryLimit)}
 	}
+	if r := t.DelayedRedelivery; r != nil {
+		for k, v := range r.arguments() {
+			owned[k] = ownedArgument{v, fmt.Sprintf("Declare sets it to %s for Topology.DelayedRedelivery", quoted(v))}
+		}
+		owned["x-dead-letter-strategy"] = ownedArgument{"at-least-once", `Declare sets it to "at-least-once" for Topology.DelayedRedelivery, so that a message past the limit reaches the DLQ`}
+		owned["x-overflow"] = ownedArgument{"reject-publish", `Declare sets it to "reject-publish", which at-least-once dead-lettering (Topology.DelayedRedelivery) needs`}
+	}
+	if t.MaxPriority > 0 {
+		owned["x-max-priority"] = ownedArgument{int64(t.MaxPriority), fmt.Sprintf("Declare sets it to Topology.MaxPriority, %d", t.MaxPriority)}
+	}
 	if t.Type == Quorum && t.AtLeastOnce {
 		owned["x-dead-letter-strategy"] = ownedArgument{"at-least-once", `Declare sets it to "at-least-once" for Topology.AtLeastOnce`}
 		owned["x-overflow"] = ownedArgument{"reject-publish", `Declare sets it to "reject-publish", which Topology.AtLeastOnce needs`}
@@ -298,9 +338,19 @@ func quoted(v any) string {
 // pass it to listener.WithDeclare so it runs on every connection. A queue or
 // exchange that exists with other arguments gives a *ConflictError that
 // names it, the argument and the fix; the broker closes ch then.
+//
+// With DelayedRedelivery it needs to know the broker (older ones accept the
+// delayed-retry arguments and ignore them): it does on the channels the
+// listener opens (listener.WithDeclare) and with DeclareOn; on a channel of
+// your own it returns a *VersionError.
 func (t Topology) Declare(ch *amqp.Channel) error {
 	if err := t.Validate(); err != nil {
 		return err
+	}
+	if tiers, err := t.useTiers(amqpconn.ChannelVersion(ch)); err != nil {
+		return err
+	} else if tiers {
+		return t.TierEquivalent().Declare(ch)
 	}
 	if t.Exchange != "" {
 		if err := ch.ExchangeDeclare(t.Exchange, cmp.Or(t.ExchangeKind, "direct"), true, false, false, false, nil); err != nil {
@@ -340,6 +390,16 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		}
 		for k, v := range t.workDeadLettering() {
 			args[k] = v
+		}
+		if r := t.DelayedRedelivery; r != nil {
+			for k, v := range r.arguments() {
+				args[k] = v
+			}
+			args["x-dead-letter-strategy"] = "at-least-once"
+			args["x-overflow"] = "reject-publish"
+		}
+		if t.MaxPriority > 0 {
+			args["x-max-priority"] = int64(t.MaxPriority)
 		}
 		if err := t.declareQueue(ch, t.Queue, args, true); err != nil {
 			return err
@@ -437,7 +497,17 @@ type ConflictError struct {
 	Argument string // the argument the broker named, if it did
 	Reason   string // the broker's text
 
+	Err *amqp.Error // the broker's refusal
+
 	explanation string // replaces the generic advice when Declare knows better
+}
+
+// Unwrap returns the broker's *amqp.Error (406 PRECONDITION_FAILED).
+func (e *ConflictError) Unwrap() error {
+	if e.Err == nil {
+		return nil
+	}
+	return e.Err
 }
 
 func (e *ConflictError) Error() string {
@@ -448,7 +518,9 @@ func (e *ConflictError) Error() string {
 	if e.Argument != "" {
 		arg = e.Argument
 	}
-	fix := fmt.Sprintf("delete it (rabbitmqctl delete_queue %s) so it is declared again — which deletes its messages: move them first (amqpretry dlq replay %s --to ...) — or change the Topology to match it", e.Name, e.Name)
+	fix := fmt.Sprintf("keep it as it is with Topology.SkipWorkQueue (if it is the work queue: only the DLX, DLQ and retry queues are declared then), "+
+		"delete it (rabbitmqctl delete_queue %s) so it is declared again — which deletes its messages: move them first (amqpretry dlq replay %s --to ...) — "+
+		"or change the Topology to match it", e.Name, e.Name)
 	if e.Kind == "exchange" {
 		fix = "delete it (management UI, rabbitmqadmin) so it is declared again, or change the Topology to match it"
 	}
@@ -463,7 +535,7 @@ var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
 func conflict(kind, name string, err error) error {
 	var aerr *amqp.Error
 	if errors.As(err, &aerr) && aerr.Code == amqp.PreconditionFailed {
-		ce := &ConflictError{Kind: kind, Name: name, Reason: aerr.Reason}
+		ce := &ConflictError{Kind: kind, Name: name, Reason: aerr.Reason, Err: aerr}
 		if m := inequivalentArg.FindStringSubmatch(aerr.Reason); m != nil {
 			ce.Argument = m[1]
 		}

@@ -36,7 +36,7 @@ func topology(t *testing.T, topo dlx.Topology) dlx.Topology {
 		brokertest.DeleteQueue(t, topo.Queue)
 		brokertest.DeleteQueue(t, topo.DLQ())
 		brokertest.DeleteQueue(t, topo.SingleRetryQueue())
-		for _, d := range topo.RetryDelays {
+		for _, d := range append(topo.RetryDelays, topo.TierEquivalent().RetryDelays...) {
 			brokertest.DeleteQueue(t, topo.RetryQueue(d))
 		}
 	})

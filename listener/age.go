@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"sync"
@@ -175,4 +176,35 @@ func (l *Listener) tellConsumerTimeout(c *consumer, err *amqp.Error) {
 		"quorum queue). Make handlers stop in time (middleware.Timeout), hand long retry delays to dlx retry tiers, lower WithPrefetch, "+
 		"or raise the setting and WithConsumerTimeout together",
 		"queue", l.queue, "consumer", c.tag, "setting", setting, "consumer_timeout_assumed", l.cfg.consumerTimeout, "broker_said", err.Reason)
+}
+
+// queueExists asks the broker, on a channel of its own, whether the queue is
+// there: after a basic.cancel it tells a consumer timeout (RabbitMQ 4.3
+// quorum queues) from a deleted queue. False when it cannot tell.
+func (l *Listener) queueExists(conn *amqp.Connection) bool {
+	ch, err := conn.Channel()
+	if err != nil {
+		return false
+	}
+	defer ch.Close()
+	_, err = ch.QueueDeclarePassive(l.queue, true, false, false, false, nil)
+	return err == nil
+}
+
+// tellConsumerCancelled says what a basic.cancel of a queue that still
+// exists means: on RabbitMQ 4.3 quorum queues, a delivery outlived the
+// consumer timeout.
+func (l *Listener) tellConsumerCancelled(c *consumer) {
+	c.timedOut.Store(true)
+	setting := "the queue's x-consumer-timeout argument, a consumer-timeout policy, or consumer_timeout in rabbitmq.conf (30 minutes by default)"
+	if l.cfg.consumerTimeoutArg > 0 {
+		setting = fmt.Sprintf("x-consumer-timeout %v on the consumer (WithConsumerTimeoutArgument)", l.cfg.consumerTimeoutArg)
+	}
+	l.cfg.logger.Error("listener: the broker cancelled a consumer of a queue that still exists: a delivery stayed unacknowledged past "+
+		"the consumer timeout (RabbitMQ 4.3 quorum queues cancel the consumer rather than close its channel). The broker has returned its "+
+		"unacknowledged deliveries to the queue, not counted as failures, and will redeliver them; their handlers' contexts are cancelled "+
+		"and a new consumer replaces this one. Make handlers stop in time (middleware.Timeout), hand long retry delays to the broker "+
+		"(dlx), lower WithPrefetch, or raise the setting and WithConsumerTimeout together",
+		"queue", l.queue, "consumer", c.tag, "setting", setting, "oldest_in_flight", c.oldest(monotime()).Round(time.Millisecond),
+		"consumer_timeout_assumed", l.cfg.consumerTimeout)
 }

@@ -12,6 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqphdr"
 	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/internal/errtext"
@@ -35,8 +36,10 @@ type consumer struct {
 	gate       chan struct{}
 	spans      spanBuffers // for startProcess, used by the current reader only
 
-	consuming atomic.Bool
-	stopping  atomic.Bool // the listener cancelled it: requeue what still arrives
+	consuming       atomic.Bool
+	stopping        atomic.Bool // the listener cancelled it: requeue what still arrives
+	brokerCancelled atomic.Bool // the broker sent basic.cancel
+	timedOut        atomic.Bool // ... of a queue that exists: a consumer timeout
 
 	// careful: a consumer at prefetch 1 while returned messages come back
 	// (redelivery.go); it tells calm when a fresh one arrives.
@@ -49,6 +52,7 @@ type consumer struct {
 	// recoverer: closed at shutdown, or when the kill switch trips.
 	interrupt     chan struct{}
 	interruptOnce sync.Once
+	forget        func() // drops the channel's broker version (amqpconn.Remember)
 
 	current        atomic.Pointer[delivery] // the one the reader is handling
 	parked         parkedList               // those waiting between attempts, oldest first
@@ -85,11 +89,15 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	if err != nil {
 		return nil, err
 	}
+	// A recoverer handed one of its deliveries may ask which broker it came
+	// from (dlx's Redeliver on a broker older than 4.3).
+	forget := amqpconn.Remember(ch, amqpconn.VersionOf(conn.Properties))
 	if prefetch == 0 {
 		prefetch = l.cfg.prefetch
 	}
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		_ = ch.Close()
+		forget()
 		return nil, err
 	}
 	tag := fmt.Sprintf("amqpretry-%d-%d", os.Getpid(), consumerSeq.Add(1))
@@ -100,6 +108,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	deliveries, err := ch.Consume(l.queue, tag, false, false, false, false, args)
 	if err != nil {
 		_ = ch.Close()
+		forget()
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(sv.handlerCtx)
@@ -108,6 +117,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 		gate:    make(chan struct{}, 1),
 		careful: calm != nil, calm: calm, prefetch: prefetch,
 		interrupt: make(chan struct{}),
+		forget:    forget,
 	}
 	select {
 	case <-sv.interrupt:
@@ -128,11 +138,27 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	// broker has requeued them): cancel their handlers and waits at once,
 	// not when the reader next looks, so none of them reaches a recoverer.
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	// The broker cancels a consumer when its queue is deleted, and, on
+	// RabbitMQ 4.3 quorum queues, when a delivery outlives the consumer
+	// timeout: then it returns the consumer's unacked deliveries to the
+	// queue, uncounted, and keeps the channel open. Their handlers are
+	// working on messages another consumer will get: cancel them too.
+	cancels := ch.NotifyCancel(make(chan string, 1))
 	sv.consumers.Add(1)
 	go func() {
 		defer sv.consumers.Done()
-		if err := <-closes; IsConsumerTimeout(err) {
-			l.tellConsumerTimeout(c, err)
+		select {
+		case err := <-closes:
+			if IsConsumerTimeout(err) {
+				l.tellConsumerTimeout(c, err)
+			}
+		case <-cancels:
+			c.brokerCancelled.Store(true)
+			if l.queueExists(conn) {
+				l.tellConsumerCancelled(c)
+				cancel()
+			}
+			<-closes // finish closes the channel
 		}
 		cancel()
 	}()
@@ -267,9 +293,9 @@ func (c *consumer) finish() {
 	c.consuming.Store(false)
 	l := c.sv.l
 	if !c.stopping.Load() {
-		if c.ch.IsClosed() {
+		if c.ch.IsClosed() && !c.brokerCancelled.Load() {
 			l.cfg.logger.Warn("listener: consumer channel closed; its unacked deliveries go back to the queue", "queue", l.queue, "consumer", c.tag)
-		} else {
+		} else if !c.timedOut.Load() { // (a consumer timeout is told by the cancel watcher)
 			l.cfg.logger.Warn("listener: the broker cancelled a consumer (queue deleted?)", "queue", l.queue, "consumer", c.tag)
 		}
 		select {
@@ -285,6 +311,9 @@ func (c *consumer) finish() {
 	c.pending.Wait()
 	c.cancel()
 	_ = c.ch.Close()
+	if c.forget != nil {
+		c.forget()
+	}
 	l.mu.Lock()
 	delete(l.consumers, c)
 	l.mu.Unlock()
@@ -372,7 +401,8 @@ func (c *consumer) process(dd *delivery) {
 			l.stopAllConsumers()
 		}
 	}
-	if settlement == middleware.Requeue {
+	if settlement == middleware.Requeue && !redeliversThroughBroker(err) {
+		// (A redelivery through the broker waits in the queue instead.)
 		c.waitBeforeRequeue(dd)
 	}
 	_, serr := middleware.Settle(d, err)
@@ -400,6 +430,17 @@ func (c *consumer) process(dd *delivery) {
 			"Recover(topo.RejectToRetry(n, recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())))",
 			"queue", l.queue, "message_id", d.MessageId, "error", errtext.String(err))
 	}
+}
+
+// redeliversThroughBroker reports whether a recoverer handed the message
+// back for the broker to redeliver after its own delay (dlx's Redeliver).
+func redeliversThroughBroker(err error) (yes bool) {
+	defer func() {
+		if recover() != nil { // an Is or Unwrap method of the user's error panicked
+			yes = false
+		}
+	}()
+	return errors.Is(err, middleware.ErrRedeliver)
 }
 
 // rejectLoops reports whether rejecting d without requeue sends it round

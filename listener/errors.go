@@ -3,6 +3,8 @@ package listener
 import (
 	"errors"
 	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 var (
@@ -17,7 +19,36 @@ var (
 	// chain's recoverer (or rejected it) without running the handler. See
 	// RedeliveryLimitError.
 	ErrRedeliveryLimit = errors.New("listener: redelivery limit reached")
+
+	// ErrConsumeRefused: the broker refused basic.consume in a way no retry
+	// can heal (a precondition, permissions, a queue locked by another
+	// connection), so Run ends. See ConsumeRefusedError.
+	ErrConsumeRefused = errors.New("listener: the broker refused to consume")
 )
+
+// ConsumeRefusedError ends Run when the broker refuses to let the listener
+// consume: 406 PRECONDITION_FAILED (a consumer argument the queue's type does
+// not take: x-consumer-timeout on a RabbitMQ 4.3 classic queue), 403
+// ACCESS_REFUSED (no read permission on the queue, or another consumer holds
+// it exclusively), 405 RESOURCE_LOCKED (an exclusive queue of another
+// connection). It matches ErrConsumeRefused and unwraps to the broker's
+// *amqp.Error.
+type ConsumeRefusedError struct {
+	Queue string
+	Err   *amqp.Error
+	Fix   string // what to change, when the listener can tell
+}
+
+func (e *ConsumeRefusedError) Error() string {
+	fix := e.Fix
+	if fix == "" {
+		fix = "retrying cannot change that: fix the queue, the consumer options or the user's permissions"
+	}
+	return fmt.Sprintf("listener: the broker refused to consume from queue %q (%d %s): %s", e.Queue, e.Err.Code, e.Err.Reason, fix)
+}
+
+func (e *ConsumeRefusedError) Unwrap() error        { return e.Err }
+func (e *ConsumeRefusedError) Is(target error) bool { return target == ErrConsumeRefused }
 
 // RedeliveryLimitError is the error a delivery past WithRedeliveryLimit is
 // recovered (or rejected) with. It matches ErrRedeliveryLimit; recoverers

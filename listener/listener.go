@@ -219,6 +219,7 @@ type supervisor struct {
 	interrupt      chan struct{} // closed at shutdown: ends retry waits and requeue delays
 	interruptOnce  sync.Once
 	consumers      sync.WaitGroup // every consumer goroutine, old connections' included
+	consumed       bool           // the current connection has started a consumer (loop's and serve's goroutine only)
 }
 
 func (sv *supervisor) loop(ctx context.Context) error {
@@ -233,11 +234,17 @@ func (sv *supervisor) loop(ctx context.Context) error {
 		conn, err := l.dial(ctx, dialer)
 		var served time.Duration
 		if err == nil {
-			redial.Reset()
 			l.cfg.logger.Info("listener: connected", "queue", l.queue, "url", conn.RedactedURL)
 			began := time.Now()
+			sv.consumed = false
 			err = sv.serve(ctx, conn)
 			served = time.Since(began)
+			if sv.consumed {
+				// Only a connection that got as far as consuming resets the
+				// backoff: one whose declarations fail every time must not
+				// be redialled at the initial pace for ever.
+				redial.Reset()
+			}
 		}
 		switch {
 		case ctx.Err() != nil, err == nil:

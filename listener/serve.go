@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -113,14 +114,35 @@ func (sv *supervisor) declare(conn *amqp.Connection) error {
 		return err
 	}
 	defer ch.Close()
+	// A dlx.Topology asks which broker it declares on.
+	defer amqpconn.Remember(ch, amqpconn.VersionOf(conn.Properties))()
 	if err := sv.l.cfg.declare(ch); err != nil {
-		var aerr *amqp.Error
-		if errors.As(err, &aerr) && (aerr.Code == amqp.PreconditionFailed || aerr.Code == amqp.AccessRefused) {
+		if declarationRefused(err, conn) {
 			return &fatalError{fmt.Errorf("listener: declaring for queue %q: %w", sv.l.queue, err)}
 		}
 		return fmt.Errorf("listener: declaring for queue %q: %w", sv.l.queue, err)
 	}
 	return nil
+}
+
+// declarationRefused tells a declaration that no retry can make succeed
+// (the broker's 403, 405, 406 or 530, or an error of the declaring code's
+// own, such as an invalid dlx.Topology or one the broker's version cannot
+// hold) from an outage: a lost connection or channel, or a 404 (a binding to
+// an exchange that another service may declare yet), which are retried.
+func declarationRefused(err error, conn *amqp.Connection) bool {
+	if conn.IsClosed() || errors.Is(err, amqp.ErrClosed) {
+		return false
+	}
+	var aerr *amqp.Error
+	if errors.As(err, &aerr) {
+		switch aerr.Code {
+		case amqp.PreconditionFailed, amqp.AccessRefused, amqp.ResourceLocked, amqp.NotAllowed:
+			return true
+		}
+		return false
+	}
+	return true
 }
 
 // session is serve's state for one connection.
@@ -168,6 +190,9 @@ func (s *session) fillToMin() error {
 			}
 			var aerr *amqp.Error
 			missing := errors.As(err, &aerr) && aerr.Code == amqp.NotFound
+			if refused := l.consumeRefused(aerr); refused != nil {
+				return &fatalError{refused}
+			}
 			if missing && l.cfg.missingFatal {
 				return &fatalError{fmt.Errorf("%w: %q (%v)", ErrQueueNotFound, l.queue, err)}
 			}
@@ -191,8 +216,36 @@ func (s *session) fillToMin() error {
 		}
 		s.restart.Reset()
 		s.redeclared = false
+		s.sv.consumed = true
 	}
 	return nil
+}
+
+// consumeRefused is the error that ends Run when the broker refused
+// basic.consume (or its qos) for good, or nil for what a retry may heal.
+func (l *Listener) consumeRefused(aerr *amqp.Error) error {
+	if aerr == nil {
+		return nil
+	}
+	switch aerr.Code {
+	case amqp.PreconditionFailed, amqp.AccessRefused, amqp.ResourceLocked:
+	default:
+		return nil
+	}
+	e := &ConsumeRefusedError{Queue: l.queue, Err: aerr}
+	switch {
+	case l.cfg.consumerTimeoutArg > 0 && strings.Contains(aerr.Reason, "x-consumer-timeout"):
+		e.Fix = fmt.Sprintf("WithConsumerTimeoutArgument(%v) sends x-consumer-timeout, which this queue's type does not take "+
+			"(RabbitMQ 4.3 applies consumer timeouts to quorum queues only, and refuses the argument on classic queues): "+
+			"drop the option, or consume from a quorum queue", l.cfg.consumerTimeoutArg)
+	case aerr.Code == amqp.AccessRefused && strings.Contains(aerr.Reason, "exclusive"):
+		e.Fix = "another consumer holds the queue exclusively; stop it, or do not ask for exclusive consumption"
+	case aerr.Code == amqp.AccessRefused:
+		e.Fix = "the user may not read from the queue: grant it read permission (rabbitmqctl set_permissions)"
+	case aerr.Code == amqp.ResourceLocked:
+		e.Fix = "the queue is exclusive to another connection"
+	}
+	return e
 }
 
 func (s *session) add() error {

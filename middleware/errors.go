@@ -28,6 +28,14 @@ var (
 	// message rejected without requeue, so that the queue's own dead-letter
 	// exchange takes it. A queue without one drops it.
 	ErrReject = errors.New("middleware: reject without requeue")
+
+	// ErrRedeliver is returned by a Recoverer that hands the message back to
+	// the broker to be delivered again later: the listener returns it at once
+	// with basic.reject(requeue=true), which counts toward the queue's
+	// delivery limit, and adds no requeue delay of its own, since the queue
+	// delays it (dlx.Topology's DelayedRedelivery, RabbitMQ 4.3's delayed
+	// retry).
+	ErrRedeliver = errors.New("middleware: redeliver through the broker")
 )
 
 // PermanentError marks an error that retrying cannot fix.

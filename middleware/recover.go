@@ -38,8 +38,10 @@ func (f RecovererFunc) Recover(ctx context.Context, d *amqp.Delivery, cause erro
 // recovered: the listener requeues them. When r fails, Recover returns a
 // *RecoveryError (ErrRecoveryFailed) and the listener requeues the message.
 // When r returns an error matching ErrReject, the listener rejects the
-// message without requeue. When r succeeds, Recover returns nil and the
-// listener acks it.
+// message without requeue. When r returns an error matching ErrRedeliver,
+// the listener returns the message to its queue at once, for the broker to
+// deliver it again after the queue's delay. When r succeeds, Recover returns
+// nil and the listener acks it.
 func Recover(r Recoverer) Middleware {
 	if r == nil {
 		panic("middleware: Recover expects a non-nil Recoverer")
@@ -80,6 +82,9 @@ func Recover(r Recoverer) Middleware {
 				return nil
 			case errors.Is(rerr, ErrReject):
 				recorded(ctx, telemetry.OutcomeRejected, nil)
+				return fmt.Errorf("%w; handler error: %w", rerr, err)
+			case errors.Is(rerr, ErrRedeliver):
+				recorded(ctx, telemetry.OutcomeRedelivered, nil)
 				return fmt.Errorf("%w; handler error: %w", rerr, err)
 			default:
 				recorded(ctx, telemetry.OutcomeRecoveryFailed, rerr)

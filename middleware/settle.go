@@ -45,8 +45,8 @@ func (s Settlement) String() string {
 // interruptions (ErrInterrupted: the listener stopping, a context it ended)
 // release the message; failed recoveries requeue it (it is not safe anywhere
 // else); a recoverer's ErrReject and Permanent errors are rejected without
-// requeue; every other error requeues, a handler's own context.Canceled
-// included. The order matters: an interruption is never the message's
+// requeue; a recoverer's ErrRedeliver requeues; every other error requeues,
+// a handler's own context.Canceled included. The order matters: an interruption is never the message's
 // failure, and a failed recovery still requeues whatever the handler's error
 // wraps, since rejecting it could drop the only copy.
 func SettlementFor(err error) Settlement {
@@ -69,7 +69,7 @@ func settlementOfFailure(err error) (s Settlement) {
 	switch {
 	case errors.Is(err, ErrInterrupted):
 		return Release
-	case errors.Is(err, ErrRecoveryFailed):
+	case errors.Is(err, ErrRecoveryFailed), errors.Is(err, ErrRedeliver):
 		return Requeue
 	case errors.Is(err, ErrReject):
 		return Reject

@@ -16,6 +16,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
 	"github.com/amqpretry/amqpretry/internal/faultproxy"
 )
@@ -97,12 +98,11 @@ func Major(t testing.TB) int {
 // (3, 10 for RabbitMQ 3.10.8), from the server properties of a connection.
 func Version(t testing.TB) (major, minor int) {
 	t.Helper()
-	v, _ := Dial(t).Properties["version"].(string)
-	major, minor, ok := ParseVersion(v)
-	if !ok {
-		t.Fatalf("the broker reports version %q", v)
+	v := amqpconn.VersionOf(Dial(t).Properties)
+	if !v.Known {
+		t.Fatalf("the broker reports version %q", Dial(t).Properties["version"])
 	}
-	return major, minor
+	return v.Major, v.Minor
 }
 
 // AtLeast reports whether the broker under test is version major.minor or
@@ -111,17 +111,6 @@ func AtLeast(t testing.TB, major, minor int) bool {
 	t.Helper()
 	ma, mi := Version(t)
 	return ma > major || (ma == major && mi >= minor)
-}
-
-// ParseVersion reads "4.3.6" (or "4.3.0-rc.1") as 4, 3.
-func ParseVersion(v string) (major, minor int, ok bool) {
-	ma, rest, _ := strings.Cut(v, ".")
-	mi, _, _ := strings.Cut(rest, ".")
-	mi, _, _ = strings.Cut(mi, "-")
-	var err1, err2 error
-	major, err1 = strconv.Atoi(ma)
-	minor, err2 = strconv.Atoi(mi)
-	return major, minor, err1 == nil && err2 == nil
 }
 
 // Channel opens a channel on conn, closed when the test ends.

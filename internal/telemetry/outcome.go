@@ -19,6 +19,7 @@ const (
 	OutcomeRecovered                     // handed to the recoverer, which succeeded
 	OutcomeRejected                      // the recoverer asked for a reject without requeue (recoveries)
 	OutcomeRecoveryFailed                // the recoverer failed (recoveries)
+	OutcomeRedelivered                   // the recoverer handed it back for the broker to redeliver (recoveries)
 
 	numOutcomes
 )
@@ -35,6 +36,7 @@ var outcomeNames = [numOutcomes]string{
 	OutcomeRecovered:      "recovered",
 	OutcomeRejected:       "rejected",
 	OutcomeRecoveryFailed: "failed",
+	OutcomeRedelivered:    "redelivered",
 }
 
 // outcomeAttrs are the span attributes of the outcomes, built once.
