@@ -253,6 +253,14 @@ func (c *consumer) spawnReader() {
 func (c *consumer) read() {
 	defer c.sv.consumers.Done()
 	for d := range c.deliveries {
+		if c.timedOut.Load() {
+			// The broker has taken back every unacked delivery of this
+			// consumer (a 4.3 consumer timeout) and gives them to another:
+			// handling them here would do the work twice, and settling them
+			// is worse than useless (on RabbitMQ 4.3.6 a late nack or reject
+			// here could make another of them count as a failed delivery).
+			continue
+		}
 		if c.stopping.Load() && !c.handOver.Load() {
 			// Arrived after we cancelled: back to the queue at once, with a
 			// nack, which does not count as a failed delivery. (A careful
@@ -404,6 +412,12 @@ func (c *consumer) process(dd *delivery) {
 	if settlement == middleware.Requeue && !redeliversThroughBroker(err) {
 		// (A redelivery through the broker waits in the queue instead.)
 		c.waitBeforeRequeue(dd)
+	}
+	if c.timedOut.Load() {
+		// The broker took it back when the consumer timed out (see read).
+		l.cfg.logger.Debug("listener: delivery not settled; the broker took it back at the consumer timeout and redelivers it",
+			"queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag)
+		return
 	}
 	_, serr := middleware.Settle(d, err)
 	if serr != nil {
