@@ -1,7 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   run examples/quickstart against the local broker (started if needed)
 #   make test   everything CI runs: formatting, vet, staticcheck, then on RabbitMQ
-#               3.10 and on RabbitMQ 4.0 each the tests with -race (the outbox's
+#               3.10, 4.0 and 4.3 each the tests with -race (the outbox's
 #               on PostgreSQL too) and the broker-disrupting reliability suite,
 #               then the cluster tests on a three-node RabbitMQ 4.0 cluster,
 #               then a short fuzz of every target
@@ -13,6 +13,7 @@
 #   make suite      the broker-backed suite once, against $$AMQP_URL (and the node
 #                   $$AMQPRETRY_RABBITMQCTL reaches): for a broker of your own
 #   make rabbit4    make sure the RabbitMQ 4.0 broker answers (scripts/rabbit4.sh)
+#   make rabbit43   make sure the RabbitMQ 4.3 broker answers (scripts/rabbit4.sh 4.3)
 #   make postgres   make sure PostgreSQL answers at $$DATABASE_URL (scripts/postgres.sh)
 #   make test-cluster  the cluster tests on a three-node cluster (scripts/cluster.sh),
 #                   started for them and removed after; CLUSTER_RABBITMQ=4 for 4.0
@@ -47,14 +48,17 @@ FUZZ_TARGETS := ./internal/amqphdr:FuzzReaders:200000 ./internal/amqpurl:FuzzRed
 	./internal/amqptable:FuzzNormalize:120000 ./recoverer:FuzzFitFaultText:60000 ./dlx:FuzzHeaders:60000 \
 	./cmd/amqpretry:FuzzEscape:20000 ./outbox:FuzzProperties:30000 ./internal/errtree:FuzzAsAgreesWithErrors:50000
 
-# The two brokers make test runs the suite on: the system's (Debian bookworm's
-# 3.10) and RabbitMQ 4.0 in a root of its own beside it (scripts/rabbit4.sh).
+# The brokers make test runs the suite on: the system's (Debian bookworm's
+# 3.10), and RabbitMQ 4.0 (Debian trixie's) and 4.3 (Debian forky's), each in
+# a root of its own beside it (scripts/rabbit4.sh).
 # Tests reach a broker through $$AMQP_URL and administer it through
 # $$AMQPRETRY_RABBITMQCTL, so the same suite runs on either.
 URL_3 := amqp://guest:guest@127.0.0.1:5672/
 CTL_3 := rabbitmqctl
 URL_4 := amqp://guest:guest@127.0.0.1:5673/
 CTL_4 := $(CURDIR)/scripts/rabbit4.sh ctl
+URL_43 := amqp://guest:guest@127.0.0.1:5674/
+CTL_43 := $(CURDIR)/scripts/rabbit4.sh 4.3 ctl
 
 # The PostgreSQL the outbox and inbox tests use (scripts/postgres.sh starts it).
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
@@ -62,9 +66,9 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 # The phases share the brokers and one disrupts them: never run them in parallel.
 .NOTPARALLEL:
 
-.PHONY: test demo bench broker postgres rabbit4 cluster-up cluster-down test-cluster cluster-4.0 fmt gomod vet staticcheck suite suite-3.10 suite-4.0 unit reliability fuzz soak vulncheck
+.PHONY: test demo bench broker postgres rabbit4 rabbit43 suite-4.3 cluster-up cluster-down test-cluster cluster-4.0 fmt gomod vet staticcheck suite suite-3.10 suite-4.0 unit reliability fuzz soak vulncheck
 
-test: fmt gomod vet staticcheck suite-3.10 suite-4.0 cluster-4.0 fuzz vulncheck
+test: fmt gomod vet staticcheck suite-3.10 suite-4.0 suite-4.3 cluster-4.0 fuzz vulncheck
 
 demo: broker
 	@echo "make demo: examples/quickstart on $$(AMQP_URL=$(URL_3) $(BIN)/brokercheck -describe)"
@@ -75,6 +79,9 @@ suite-3.10: broker postgres
 
 suite-4.0: rabbit4 postgres
 	@$(MAKE) --no-print-directory suite AMQP_URL="$(URL_4)" AMQPRETRY_RABBITMQCTL="$(CTL_4)"
+
+suite-4.3: rabbit43 postgres
+	@$(MAKE) --no-print-directory suite AMQP_URL="$(URL_43)" AMQPRETRY_RABBITMQCTL="$(CTL_43)"
 
 # The broker-backed suite once, on whichever broker the environment names.
 suite:
@@ -99,6 +106,9 @@ postgres:
 
 rabbit4:
 	@scripts/rabbit4.sh up
+
+rabbit43:
+	@scripts/rabbit4.sh 4.3 up
 
 # The three-node cluster (scripts/cluster.sh): RabbitMQ 3.10, or 4.0 with
 # CLUSTER_RABBITMQ=4 (unset: the one that runs, else 3). test-cluster runs

@@ -46,10 +46,15 @@
 // close a channel for it (406 "delivery acknowledgement on channel N timed
 // out"), the listener logs an error naming the queue and the settings that
 // decide the timeout, and replaces the consumer; the deliveries come back.
-// WithConsumerTimeoutArgument asks for a timeout per consumer, which
-// RabbitMQ 3.10.8 and 4.0.5 accept and ignore; on 4.0 the queue's
-// x-consumer-timeout argument works, checked on the channel's tick (once a
-// minute by default). What New cannot
+// RabbitMQ 4.3 times out quorum queues only, and cancels the consumer
+// instead of closing its channel, taking its deliveries back uncounted: the
+// listener logs that, cancels the handlers of those deliveries, neither
+// handles nor settles the rest of them (another consumer gets them) and
+// replaces the consumer. WithConsumerTimeoutArgument asks for a timeout per
+// consumer, which 4.3 honours on quorum queues and refuses on classic ones
+// (Run ends with an error naming it), and 3.10.8 and 4.0.5 accept and
+// ignore; on 4.0 the queue's x-consumer-timeout argument works, checked on
+// the channel's tick (once a minute by default). What New cannot
 // know without a Timeout, the handler's time on each attempt and a delivery's turns
 // behind the rest of the prefetch, the listener watches at run time: it logs
 // a warning, once per delivery, when the oldest delivery in flight reaches
@@ -144,8 +149,10 @@
 // random order and logs the node it reached; after losing a connection that
 // was up, it dials the other nodes at once, the lost one last. After a loss
 // it opens a fresh connection and channels, runs
-// WithDeclare again and resumes. A refused login, or a declaration the broker
-// refuses, ends Run with the error. A missing queue is retried with backoff
+// WithDeclare again and resumes; the backoff is reset only once a connection
+// gets as far as consuming. A refused login, a declaration the broker
+// refuses, or a basic.consume it refuses (403, 405, 406) ends Run with the
+// error: retrying cannot heal a refusal. A missing queue is retried with backoff
 // (or ends Run with WithMissingQueueFatal). A consumer cancelled by the broker
 // (queue deleted) or whose channel was closed (consumer_timeout) is replaced.
 //

@@ -184,7 +184,10 @@ func (l *Listener) Stats() Stats {
 //
 // Connection losses are retried with backoff and logged. Run returns an error
 // only for what retrying cannot fix: a refused login, a declaration the
-// broker refuses, a missing queue with WithMissingQueueFatal.
+// broker or the declaring code refuses (see WithDeclare), a basic.consume
+// the broker refuses (*ConsumeRefusedError: a consumer argument the queue's
+// type does not take, no read permission, an exclusive consumer elsewhere),
+// a missing queue with WithMissingQueueFatal.
 func (l *Listener) Run(ctx context.Context) error {
 	if !l.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning

@@ -184,9 +184,13 @@ func WithPrefetch(n int) Option {
 }
 
 // WithDeclare runs declare on every (re)connection, before consuming: declare
-// the queue and whatever it needs there (dlx.Topology's Declare fits). A
-// declaration the broker refuses (a queue that exists with other arguments)
-// ends Run with the error.
+// the queue and whatever it needs there (dlx.Topology's Declare fits, and
+// learns the broker's version from the channel). A declaration the broker
+// refuses (403, 405, 406, 530: a queue that exists with other arguments) or
+// that declare itself rejects (an invalid dlx.Topology, a layout the broker's
+// version cannot hold) ends Run with the error. A lost connection, or a 404
+// (a binding to an exchange another service may declare yet), is retried
+// with a backoff that grows until a connection gets as far as consuming.
 func WithDeclare(declare func(ch *amqp.Channel) error) Option {
 	return func(c *config) {
 		if declare == nil {
@@ -225,12 +229,17 @@ func WithConsumerTimeout(d time.Duration) Option {
 
 // WithConsumerTimeoutArgument asks the broker for a consumer timeout of d
 // on each of the listener's consumers, with the x-consumer-timeout argument
-// of basic.consume, and tells New so (as WithConsumerTimeout). Brokers that
-// do not know the argument ignore it silently: RabbitMQ 3.10.8 and 4.0.5
-// accept it and keep their consumer_timeout (tested); on RabbitMQ 4.0 the
-// x-consumer-timeout queue argument (dlx.Topology's QueueArguments) or a
-// consumer-timeout policy works instead, and 3.10 has only the global
-// consumer_timeout. d is whole milliseconds, at least 1s.
+// of basic.consume, and tells New so (as WithConsumerTimeout). What brokers
+// do with it differs (tested): RabbitMQ 4.3 honours it on quorum queues,
+// where a delivery held past d makes the broker cancel the consumer and take
+// its unacked deliveries back, uncounted (the listener logs it, cancels
+// those handlers and starts a new consumer), and refuses it on classic
+// queues, which 4.3 no longer times out: Run then ends with a
+// *ConsumeRefusedError naming this option. RabbitMQ 3.10.8 and 4.0.5 accept
+// it and ignore it: on 4.0 the x-consumer-timeout queue argument
+// (dlx.Topology's QueueArguments) or a consumer-timeout policy works
+// instead, and 3.10 has only the global consumer_timeout. d is whole
+// milliseconds, at least 1s.
 func WithConsumerTimeoutArgument(d time.Duration) Option {
 	return func(c *config) {
 		if d < time.Second || d%time.Millisecond != 0 {
