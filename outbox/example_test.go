@@ -54,9 +54,25 @@ func ExampleOutbox_Enqueue() {
 		return
 	}
 	defer conn.Close()
-	ch, _ := conn.Channel()
-	_, _ = ch.QueueDeclare(queue, false, true, false, false, nil)
-	deliveries, _ := ch.Consume(queue, "", true, false, false, false, nil)
+	ch, err := conn.Channel()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	// Exclusive: the queue lives as long as this connection, which both
+	// declares and consumes it, so nothing is left on the broker; the relay
+	// publishes to it from its own connection, which an exclusive queue
+	// allows. (A transient queue that is not exclusive is refused by brokers
+	// that deny RabbitMQ's deprecated transient_nonexcl_queues.)
+	if _, err := ch.QueueDeclare(queue, false, false, true, false, nil); err != nil {
+		fmt.Println(err)
+		return
+	}
+	deliveries, err := ch.Consume(queue, "", true, false, false, false, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	ob, err := outbox.New(db, outbox.WithTable(schema+".outbox"))
 	if err != nil {
