@@ -129,6 +129,13 @@ EOF
 listeners.tcp.default = 127.0.0.1:$port
 log.file.level = warning
 EOF
+  if [[ $version == 4.3 ]]; then
+    # 4.3.6 still permits transient non-exclusive queues (deprecated; the
+    # 4.3.0 notes announce them refused by default): refuse them here, so
+    # that a test, example or bench that declares one fails as it will on
+    # the brokers users get (with 541, closing the connection).
+    echo "deprecated_features.permit.transient_nonexcl_queues = false" >>"$R/etc/rabbitmq/rabbitmq.conf"
+  fi
   # A channel checks its deliveries against consumer_timeout on its tick,
   # once a minute by default; this test node checks every 5 s, so that a
   # test of a short x-consumer-timeout waits seconds, not a minute.
