@@ -241,6 +241,10 @@ func (c *consumer) interruptWaits() {
 func (dd *delivery) WillWait() {
 	if dd.reader.CompareAndSwap(true, false) {
 		dd.c.parked.park(dd)
+		// Parked, it is no longer the reader's current one (the parked
+		// list has it for the age watch): a careful start that waits for
+		// the consumer to be idle must not wait for its retries.
+		dd.c.current.CompareAndSwap(dd, nil)
 		dd.c.spawnReader()
 	}
 }
@@ -405,8 +409,15 @@ func (c *consumer) process(dd *delivery) {
 	// requeue delay that may follow.
 	l.endProcess(ctx, span, began, err, settlement)
 	if l.killSwitch != nil {
-		if failed, counted := l.failedForGood(dd, err, settlement); counted && !dd.recorded && l.killSwitch.record(time.Now(), failed) {
+		if o, counted := l.classify(dd, err, settlement); counted && !dd.recorded && l.killSwitch.record(time.Now(), o) {
 			l.stopAllConsumers()
+		}
+		if (settlement == middleware.Reject || settlement == middleware.Requeue) && l.tripped() {
+			// Once the switch has tripped, a failure goes back to the
+			// queue untouched, as the chain's recoverer would have had it:
+			// a reject without requeue would hand it to the queue's DLX.
+			err = &middleware.InterruptedError{Reason: errTripped, Last: err}
+			settlement = middleware.Release
 		}
 	}
 	if settlement == middleware.Requeue && !redeliversThroughBroker(err) {

@@ -123,16 +123,31 @@ func newKillSwitch(cfg KillSwitch) *killSwitch {
 		tripped: make(chan struct{}, 1), probeDone: make(chan struct{}, 1)}
 }
 
-// record counts one delivery's end, failed for good or not, and reports
-// whether it tripped the switch.
-func (k *killSwitch) record(now time.Time, failed bool) (tripped bool) {
+// outcome is how a delivery ended, for the kill switch.
+type outcome int
+
+const (
+	succeeded outcome = iota // handled, or recovered without failing for good
+	failed                   // failed for good
+	// ignored: failed for good, but of a kind the switch leaves out
+	// (Permanent, with IgnorePermanent): activity while it counts, and no
+	// verdict on a probe, since a bad message says nothing of an outage.
+	ignored
+)
+
+// record counts one delivery's end and reports whether it tripped the
+// switch.
+func (k *killSwitch) record(now time.Time, o outcome) (tripped bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	switch k.state {
 	case switchTripped:
 		return false // deliveries in flight finishing: they decide nothing
 	case switchProbing:
-		if failed {
+		switch o {
+		case ignored:
+			return false // the probe goes on with the next delivery
+		case failed:
 			k.trip(now, "the probe failed")
 			return true
 		}
@@ -147,7 +162,7 @@ func (k *killSwitch) record(now time.Time, failed bool) (tripped bool) {
 		*b = bucket{start: now.Truncate(k.width)}
 	}
 	b.ended++
-	if failed {
+	if o == failed {
 		b.failed++
 	}
 	var ended, fails int
@@ -229,7 +244,7 @@ func (l *Listener) recordFailure(dd *delivery, cause error) error {
 		return nil // counted as activity when it ends
 	}
 	dd.recorded = true
-	if ks.record(time.Now(), true) {
+	if ks.record(time.Now(), failed) {
 		l.stopAllConsumers()
 	}
 	if state, _, _ := ks.current(); state != switchClosed {
@@ -238,22 +253,33 @@ func (l *Listener) recordFailure(dd *delivery, cause error) error {
 	return nil
 }
 
-// failedForGood classifies a delivery's end for the kill switch: counted is
-// false for a release (shutdown, an interrupted wait, the trip itself).
-func (l *Listener) failedForGood(dd *delivery, err error, s middleware.Settlement) (failed, counted bool) {
+// classify tells a delivery's end to the kill switch: counted is false for
+// a release (shutdown, an interrupted wait, the trip itself).
+func (l *Listener) classify(dd *delivery, err error, s middleware.Settlement) (o outcome, counted bool) {
 	cause := dd.failedFor
 	switch {
 	case s == middleware.Release:
-		return false, false
+		return succeeded, false
 	case cause == nil && err == nil:
-		return false, true
+		return succeeded, true
 	case cause == nil:
 		cause = err
 	}
 	if l.cfg.killSwitch.IgnorePermanent && middleware.IsPermanent(cause) {
-		return false, true
+		return ignored, true
 	}
-	return true, true
+	return failed, true
+}
+
+// tripped reports whether the kill switch has stopped consuming (tripped,
+// or probing after a trip): a delivery that fails for good then goes back to
+// its queue with a nack, not to the queue's dead-letter exchange.
+func (l *Listener) tripped() bool {
+	if l.killSwitch == nil {
+		return false
+	}
+	state, _, _ := l.killSwitch.current()
+	return state == switchTripped
 }
 
 // trippedSignal and probeSucceeded are the kill switch's signals to the

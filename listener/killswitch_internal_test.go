@@ -13,24 +13,24 @@ func TestKillSwitchStateMachine(t *testing.T) {
 	cfg := KillSwitch{TripThreshold: 0.5, ActivationThreshold: 4, TrackingPeriod: 10 * time.Second, RestartTimeout: time.Second, MaxRestartTimeout: 3 * time.Second}
 	t0 := time.Unix(1_000_000, 0)
 	type step struct {
-		at     time.Duration // since t0
-		failed bool
+		at time.Duration // since t0
+		o  outcome
 	}
 	tests := []struct {
 		name  string
 		steps []step
 		trips bool
 	}{
-		{"below the activity threshold", []step{{0, true}, {time.Second, true}, {2 * time.Second, true}}, false},
-		{"at the trip threshold", []step{{0, false}, {time.Second, true}, {2 * time.Second, false}, {3 * time.Second, true}}, true},
-		{"below the trip threshold", []step{{0, false}, {time.Second, true}, {2 * time.Second, false}, {3 * time.Second, false}, {4 * time.Second, true}}, false},
-		{"old failures slide out", []step{{0, true}, {time.Second, true}, {12 * time.Second, false}, {13 * time.Second, false}, {14 * time.Second, true}}, false},
+		{"below the activity threshold", []step{{0, failed}, {time.Second, failed}, {2 * time.Second, failed}}, false},
+		{"at the trip threshold", []step{{0, succeeded}, {time.Second, failed}, {2 * time.Second, succeeded}, {3 * time.Second, failed}}, true},
+		{"below the trip threshold", []step{{0, succeeded}, {time.Second, failed}, {2 * time.Second, succeeded}, {3 * time.Second, succeeded}, {4 * time.Second, failed}}, false},
+		{"old failures slide out", []step{{0, failed}, {time.Second, failed}, {12 * time.Second, succeeded}, {13 * time.Second, succeeded}, {14 * time.Second, failed}}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			k := newKillSwitch(cfg)
 			for _, s := range tt.steps {
-				k.record(t0.Add(s.at), s.failed)
+				k.record(t0.Add(s.at), s.o)
 			}
 			if state, _, _ := k.current(); (state == switchTripped) != tt.trips {
 				t.Errorf("state %v, want tripped: %v", state, tt.trips)
@@ -42,7 +42,7 @@ func TestKillSwitchStateMachine(t *testing.T) {
 	// probe fails; a probe that succeeds closes it and resets the count.
 	k := newKillSwitch(cfg)
 	for i := range 4 {
-		k.record(t0.Add(time.Duration(i)*time.Millisecond), true)
+		k.record(t0.Add(time.Duration(i)*time.Millisecond), failed)
 	}
 	_, resumeAt, _ := k.current()
 	if want := t0.Add(3*time.Millisecond + time.Second); !resumeAt.Equal(want) {
@@ -51,13 +51,17 @@ func TestKillSwitchStateMachine(t *testing.T) {
 	if k.probeDue(resumeAt.Add(-time.Millisecond)) || !k.probeDue(resumeAt) {
 		t.Error("the probe is due exactly at the restart time")
 	}
-	k.record(resumeAt, true) // the probe fails
+	k.record(resumeAt, ignored) // a bad message decides nothing
+	if state, _, _ := k.current(); state != switchProbing {
+		t.Errorf("after an ignored failure while probing: %v, want still probing", state)
+	}
+	k.record(resumeAt, failed) // the probe fails
 	if state, again, _ := k.current(); state != switchTripped || !again.Equal(resumeAt.Add(2*time.Second)) {
 		t.Errorf("after a failed probe: %v until %v, want tripped for twice the restart timeout", state, again)
 	}
 	_, again, _ := k.current()
 	k.probeDue(again)
-	k.record(again, false)
+	k.record(again, succeeded)
 	if state, _, _ := k.current(); state != switchClosed || k.trips != 0 {
 		t.Errorf("after a good probe: %v with %d trips, want closed and reset", state, k.trips)
 	}
@@ -69,7 +73,7 @@ func TestKillSwitchStateMachine(t *testing.T) {
 
 	// A connection lost while probing: the next session probes at once.
 	for i := range 4 {
-		k.record(again.Add(time.Duration(i)*time.Millisecond), true)
+		k.record(again.Add(time.Duration(i)*time.Millisecond), failed)
 	}
 	_, until, _ := k.current()
 	k.probeDue(until)
@@ -77,7 +81,7 @@ func TestKillSwitchStateMachine(t *testing.T) {
 	if !k.resumeTripped(later) || !k.probeDue(later) {
 		t.Error("a session after a probe cut short does not probe again at once")
 	}
-	k.record(later, false)
+	k.record(later, succeeded)
 	if k.resumeTripped(later) {
 		t.Error("a closed switch tells a new session it is tripped")
 	}
@@ -91,22 +95,23 @@ func TestKillSwitchClassifiesOutcomes(t *testing.T) {
 		failedFor, err  error
 		settlement      middleware.Settlement
 		ignorePermanent bool
-		failed, counted bool
+		o               outcome
+		counted         bool
 	}{
-		{"handled", nil, nil, middleware.Ack, false, false, true},
-		{"recovered after exhausted retries", &middleware.RetriesExhaustedError{Attempts: 3, Last: boom}, nil, middleware.Ack, false, true, true},
-		{"requeued after a failure", nil, boom, middleware.Requeue, false, true, true},
-		{"permanent, rejected", nil, middleware.Permanent(boom), middleware.Reject, false, true, true},
-		{"permanent, ignored", nil, middleware.Permanent(boom), middleware.Reject, true, false, true},
-		{"permanent, recovered, ignored", middleware.Permanent(boom), nil, middleware.Ack, true, false, true},
-		{"released at shutdown", nil, &middleware.InterruptedError{Reason: context.Canceled}, middleware.Release, false, false, false},
+		{"handled", nil, nil, middleware.Ack, false, succeeded, true},
+		{"recovered after exhausted retries", &middleware.RetriesExhaustedError{Attempts: 3, Last: boom}, nil, middleware.Ack, false, failed, true},
+		{"requeued after a failure", nil, boom, middleware.Requeue, false, failed, true},
+		{"permanent, rejected", nil, middleware.Permanent(boom), middleware.Reject, false, failed, true},
+		{"permanent, ignored", nil, middleware.Permanent(boom), middleware.Reject, true, ignored, true},
+		{"permanent, recovered, ignored", middleware.Permanent(boom), nil, middleware.Ack, true, ignored, true},
+		{"released at shutdown", nil, &middleware.InterruptedError{Reason: context.Canceled}, middleware.Release, false, succeeded, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := &Listener{cfg: config{killSwitch: &KillSwitch{IgnorePermanent: tt.ignorePermanent}}}
-			failed, counted := l.failedForGood(&delivery{failedFor: tt.failedFor}, tt.err, tt.settlement)
-			if failed != tt.failed || counted != tt.counted {
-				t.Errorf("failed %v, counted %v; want %v, %v", failed, counted, tt.failed, tt.counted)
+			o, counted := l.classify(&delivery{failedFor: tt.failedFor}, tt.err, tt.settlement)
+			if o != tt.o || counted != tt.counted {
+				t.Errorf("outcome %v, counted %v; want %v, %v", o, counted, tt.o, tt.counted)
 			}
 		})
 	}

@@ -106,3 +106,35 @@ func TestKillSwitchStopsConsumingDuringAnOutage(t *testing.T) {
 		})
 	}
 }
+
+// Once the kill switch has tripped, a delivery still in flight that fails
+// for good on a chain without Recover goes back to its queue (a nack), not to
+// the queue's dead-letter exchange: only the failures before the trip are
+// dead-lettered, and nothing is lost.
+func TestKillSwitchTrippedSendsNoRejectionToTheDLX(t *testing.T) {
+	q, dlq := brokertest.Name(t, "q"), brokertest.Name(t, "dlq")
+	brokertest.Queue(t, dlq, nil)
+	brokertest.Queue(t, q, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+	const n, activation = 40, 5
+	var log testlog.Buffer
+	handle := func(ctx context.Context, _ *amqp.Delivery) error {
+		select {
+		case <-time.After(200 * time.Millisecond): // four in flight at once, finishing together
+		case <-ctx.Done():
+		}
+		return middleware.Permanent(errors.New("the downstream refuses everything"))
+	}
+	publishN(t, q, n)
+	r := start(t, q, nil, handle, listener.WithConcurrentConsumers(4), listener.WithPrefetch(1), listener.WithLogger(log.Logger()),
+		listener.WithKillSwitch(listener.KillSwitch{TripThreshold: 1, ActivationThreshold: activation, TrackingPeriod: 10 * time.Second, RestartTimeout: time.Hour}))
+	brokertest.Eventually(t, 10*time.Second, "the kill switch tripped", func() bool { return log.Count("kill switch tripped") > 0 })
+	brokertest.Eventually(t, 10*time.Second, "nothing in flight", func() bool { return r.Stats().InFlight == 0 })
+	r.Stop(t)
+	dead, left := brokertest.Depth(t, dlq), brokertest.Depth(t, q)
+	if dead >= activation {
+		t.Errorf("the DLQ holds %d, want fewer than the %d failures that trip the switch: deliveries that failed after the trip were rejected to the DLX", dead, activation)
+	}
+	if dead+left != n {
+		t.Errorf("%d dead-lettered + %d on the queue = %d, want all %d", dead, left, dead+left, n)
+	}
+}

@@ -313,6 +313,10 @@ func (l *Listener) dial(ctx context.Context, dialer *amqpconn.Dialer) (*amqpconn
 		if url, refusal := amqpconn.LoginRefused(err); refusal != nil {
 			return nil, &fatalError{fmt.Errorf("listener: the broker at %s refused the login: %w", url, refusal)}
 		}
+		if url, cause := amqpconn.TLSRefused(err); cause != nil {
+			return nil, &fatalError{fmt.Errorf("listener: the broker's certificate at %s cannot be verified (give WithTLS the CA that signed it, "+
+				"and a URL with the host name the certificate is for): %w", url, cause)}
+		}
 		return nil, fmt.Errorf("listener: dial %w", err) // err names each address
 	}
 	return conn, nil

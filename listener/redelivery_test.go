@@ -13,6 +13,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/listener"
+	"github.com/amqpretry/amqpretry/middleware"
 )
 
 // Without a Recover in the chain, a delivery at the limit is rejected
@@ -76,5 +77,37 @@ func TestRedeliveryLimitOnAClassicQueueSaysItCannotAct(t *testing.T) {
 	r.Stop(t)
 	if n := log.Count("WithRedeliveryLimit cannot act on this queue"); n != 1 {
 		t.Errorf("the log says %d times that the limit cannot act, want once:\n%s", n, log.String())
+	}
+}
+
+// The careful start ends after a second with no handler running: a
+// delivery waiting between its retries is not running, and does not hold
+// the careful consumer open until its last retry (3 s, then 6 s here).
+// Fresh messages behind it are handled within a few seconds.
+func TestCarefulStartEndsWhileADeliveryWaitsBetweenRetries(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, amqp.Table{"x-queue-type": "quorum"})
+	first := make(chan time.Time, 1)
+	var once atomic.Bool
+	handle := func(_ context.Context, d *amqp.Delivery) error {
+		if d.MessageId == "0" {
+			return errors.New("fails every time")
+		}
+		if once.CompareAndSwap(false, true) {
+			first <- time.Now()
+		}
+		return nil
+	}
+	publishN(t, q, 6) // "0" fails and waits between its retries; 1 to 5 are fresh
+	begin := time.Now()
+	start(t, q, middleware.Chain(middleware.Retry(3, middleware.WithInitialInterval(3*time.Second))), handle,
+		listener.WithRedeliveryLimit(5), listener.WithConsumerTimeout(time.Hour))
+	select {
+	case at := <-first:
+		if took := at.Sub(begin); took > 4*time.Second {
+			t.Errorf("the first fresh message was handled %v after the start, want under 4s (the careful start ends a second after the last handler ran)", took.Round(time.Millisecond))
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("no fresh message handled within 15s")
 	}
 }

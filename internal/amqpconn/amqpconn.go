@@ -3,6 +3,7 @@ package amqpconn
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -197,6 +198,28 @@ func LoginRefused(err error) (url string, refusal *amqp.Error) {
 	for i, cause := range failed.Errs {
 		if errors.As(cause, &refusal) && refusal.Code == amqp.AccessRefused {
 			return failed.URLs[i], refusal
+		}
+	}
+	return "", nil
+}
+
+// TLSRefused returns the address whose certificate failed verification in
+// an error from Dial, and why; cause is nil if none did. Redialing cannot
+// make a certificate that is not trusted, or names another host, verify.
+func TLSRefused(err error) (url string, cause error) {
+	var failed *DialError
+	if !errors.As(err, &failed) {
+		return "", nil
+	}
+	for i, c := range failed.Errs {
+		var (
+			verification *tls.CertificateVerificationError
+			unknown      x509.UnknownAuthorityError
+			hostname     x509.HostnameError
+			invalid      x509.CertificateInvalidError
+		)
+		if errors.As(c, &verification) || errors.As(c, &unknown) || errors.As(c, &hostname) || errors.As(c, &invalid) {
+			return failed.URLs[i], c
 		}
 	}
 	return "", nil
