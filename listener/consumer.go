@@ -52,7 +52,8 @@ type consumer struct {
 	// recoverer: closed at shutdown, or when the kill switch trips.
 	interrupt     chan struct{}
 	interruptOnce sync.Once
-	forget        func() // drops the channel's broker version (amqpconn.Remember)
+	forget        func()        // drops the channel's broker version (amqpconn.Remember)
+	finished      chan struct{} // closed when finish is done with the channel
 
 	current        atomic.Pointer[delivery] // the one the reader is handling
 	parked         parkedList               // those waiting between attempts, oldest first
@@ -118,6 +119,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 		careful: calm != nil, calm: calm, prefetch: prefetch,
 		interrupt: make(chan struct{}),
 		forget:    forget,
+		finished:  make(chan struct{}),
 	}
 	select {
 	case <-sv.interrupt:
@@ -158,7 +160,9 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 				l.tellConsumerCancelled(c)
 				cancel()
 			}
-			<-closes // finish closes the channel
+		case <-c.finished:
+			// finish closed the channel, or gave up waiting for the
+			// broker's close-ok on a frozen connection
 		}
 		cancel()
 	}()
@@ -322,9 +326,12 @@ func (c *consumer) finish() {
 	}
 	c.pending.Wait()
 	c.cancel()
-	_ = c.ch.Close()
+	c.sv.closeBounded(c.ch.Close)
 	if c.forget != nil {
 		c.forget()
+	}
+	if c.finished != nil {
+		close(c.finished)
 	}
 	l.mu.Lock()
 	delete(l.consumers, c)
@@ -333,8 +340,8 @@ func (c *consumer) finish() {
 }
 
 // gated is the consumer's worker gate around the handler. h is
-// CatchPanics(handler): it never panics, so the gate is released without a
-// defer.
+// CatchPanics(handler): it never panics; the deferred release is for a
+// handler that ends its goroutine with runtime.Goexit.
 func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 	return func(ctx context.Context, d *amqp.Delivery) error {
 		select {
@@ -353,7 +360,16 @@ func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 		start := monotime()
 		c.running.Add(1)
 		c.busySince.Store(start)
+		returned := false
+		defer func() {
+			if !returned { // runtime.Goexit in the handler: free the gate for the consumer's other deliveries
+				c.busySince.Store(0)
+				c.running.Add(-1)
+				<-c.gate
+			}
+		}()
 		err := h(ctx, d)
+		returned = true
 		end := monotime()
 		c.busyNanos.Add(end - start)
 		c.busySince.Store(0)
@@ -386,6 +402,18 @@ func (c *consumer) process(dd *delivery) {
 	defer c.pending.Done()
 	defer c.inFlight.Add(-1)
 	defer c.parked.settle(dd)
+	returned := false
+	defer func() {
+		if !returned { // the goroutine is ending in runtime.Goexit (a panic comes back as an error: see call)
+			c.goexited(dd)
+		}
+	}()
+	c.handleAndSettle(dd)
+	returned = true
+}
+
+// handleAndSettle is process's work.
+func (c *consumer) handleAndSettle(dd *delivery) {
 	l := c.sv.l
 	d := &dd.Delivery
 	began := dd.received
@@ -467,6 +495,29 @@ func redeliversThroughBroker(err error) (yes bool) {
 	}()
 	return errors.Is(err, middleware.ErrRedeliver)
 }
+
+// goexited runs as the goroutine handling dd ends in runtime.Goexit (its
+// handler called it, as t.FailNow does) rather than returning: the message
+// goes back to its queue, and if this goroutine was the consumer's reader,
+// a new one takes over, so the consumer lives on.
+func (c *consumer) goexited(dd *delivery) {
+	l := c.sv.l
+	l.cfg.logger.Error("listener: a handler ended its goroutine with runtime.Goexit (t.FailNow or log.Fatal's kin in a handler?) "+
+		"instead of returning; its message goes back to the queue and the consumer goes on",
+		"queue", l.queue, "message_id", dd.MessageId, "delivery_tag", dd.DeliveryTag)
+	if !c.timedOut.Load() {
+		if _, err := middleware.Settle(&dd.Delivery, errGoexit); err == nil {
+			l.stats.requeued.Add(1)
+			l.stats.failed.Add(1)
+		}
+	}
+	c.current.CompareAndSwap(dd, nil)
+	if dd.reader.CompareAndSwap(true, false) {
+		c.spawnReader()
+	}
+}
+
+var errGoexit = errors.New("listener: the handler called runtime.Goexit")
 
 // rejectLoops reports whether rejecting d without requeue sends it round
 // to its queue again: it has been rejected from queue before and is back,

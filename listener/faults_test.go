@@ -2,6 +2,7 @@ package listener_test
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -100,4 +102,74 @@ func TestConsumerChannelClosedIsReplaced(t *testing.T) {
 		t.Errorf("queue holds %d", n)
 	}
 	t.Logf("redelivered after the channel closed: %d", s.duplicates())
+}
+
+// A connection that freezes (the broker's host stops answering; nothing is
+// reset) just before shutdown: Run must not wait for close-ok replies that
+// never come, until the heartbeat gives up (15 s by default). With no
+// handler running and a 1 s shutdown timeout it returns within a few
+// seconds, and does not blame a handler.
+func TestShutdownOnAFrozenConnectionIsBounded(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	proxy, url := brokertest.Proxy(t)
+	var log testlog.Buffer
+	s := newSeen()
+	l, err := listener.New(q, nil, func(_ context.Context, d *amqp.Delivery) error { s.add(d.MessageId); return nil },
+		listener.WithURL(url), listener.WithShutdownTimeout(time.Second), listener.WithConcurrentConsumers(2), listener.WithLogger(log.Logger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	publishN(t, q, 5)
+	brokertest.Eventually(t, 10*time.Second, "the messages handled", func() bool { return s.distinct() == 5 })
+	proxy.Blackhole(true)
+	defer proxy.Blackhole(false)
+	begin := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		done <- err
+		if took := time.Since(begin); took > 4*time.Second {
+			t.Errorf("Run took %v to return on a frozen connection, want a few seconds", took.Round(time.Millisecond))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s")
+	}
+	if n := log.Count("a handler ignores its cancelled context"); n > 0 {
+		t.Errorf("the log blames a handler %d times, though none ran:\n%s", n, log.String())
+	}
+}
+
+// A handler that ends its goroutine with runtime.Goexit (t.FailNow in a
+// test helper, say) instead of returning: the listener says so, hands the
+// message back, and goes on consuming; before, the consumer died silently
+// with its prefetched deliveries unacked.
+func TestHandlerThatCallsGoexitDoesNotKillItsConsumer(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	var log testlog.Buffer
+	s := newSeen()
+	var exited atomic.Bool
+	r := start(t, q, nil, func(_ context.Context, d *amqp.Delivery) error {
+		if d.MessageId == "0" && exited.CompareAndSwap(false, true) {
+			runtime.Goexit()
+		}
+		s.add(d.MessageId)
+		return nil
+	}, listener.WithLogger(log.Logger()), listener.WithRequeueDelay(0, 0))
+	publishN(t, q, 10)
+	brokertest.Eventually(t, 10*time.Second, "every message handled, the one whose handler exited again", func() bool {
+		return s.distinct() == 10
+	})
+	r.Stop(t)
+	if log.Count("runtime.Goexit") == 0 {
+		t.Errorf("the log does not say a handler called runtime.Goexit:\n%s", log.String())
+	}
+	if n := brokertest.Depth(t, q); n != 0 {
+		t.Errorf("the queue still holds %d", n)
+	}
 }

@@ -204,6 +204,7 @@ func (l *Listener) Run(ctx context.Context) error {
 
 	err := sv.loop(ctx)
 	sv.shutdown()
+	sv.closers.Wait() // every connection is abandoned by now: their closes have ended
 	var fatal *fatalError
 	if errors.As(err, &fatal) {
 		return fatal.err
@@ -223,6 +224,33 @@ type supervisor struct {
 	interruptOnce  sync.Once
 	consumers      sync.WaitGroup // every consumer goroutine, old connections' included
 	consumed       bool           // the current connection has started a consumer (loop's and serve's goroutine only)
+	closers        sync.WaitGroup // channel and connection closes still waiting for the broker (closeBounded)
+}
+
+// closeWait bounds how long a shutdown waits for the broker's close-ok to a
+// channel's or the connection's close: on a connection that has frozen
+// (a host that stopped answering, nothing reset) it never comes, and amqp091
+// would wait until the heartbeat gives up. A broker that answers does so in
+// milliseconds.
+const closeWait = 500 * time.Millisecond
+
+// closeBounded runs closeFn, a Close that waits for the broker's reply, for
+// at most closeWait. One that takes longer goes on in the background until
+// the connection is abandoned, which ends it; Run waits for it then.
+func (sv *supervisor) closeBounded(closeFn func() error) {
+	done := make(chan struct{})
+	sv.closers.Add(1)
+	go func() {
+		defer sv.closers.Done()
+		defer close(done)
+		_ = closeFn()
+	}()
+	timer := time.NewTimer(closeWait)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+	}
 }
 
 func (sv *supervisor) loop(ctx context.Context) error {

@@ -28,7 +28,7 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 	// after a loss, a write stuck in the socket would hang amqp091's
 	// shutdown, so the socket goes first.
 	defer conn.Abandon()
-	defer conn.Close()
+	defer sv.closeBounded(conn.Close)
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 
 	if err := sv.declare(conn.Connection); err != nil {
