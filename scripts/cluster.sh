@@ -284,6 +284,11 @@ EOF
     # 4.3 has no partition handling to choose (it accepts the key and ignores it).
     if [[ $version != 4.3 ]]; then
       echo "cluster_partition_handling = pause_minority" >>"$D/$n/rabbitmq.conf"
+    else
+      # Upstream 4.3 refuses transient non-exclusive queues; Debian's 4.3.6
+      # patches that back to permitted. Refused here, so that nothing the
+      # cluster tests do can come to rely on them.
+      echo "deprecated_features.permit.transient_nonexcl_queues = false" >>"$D/$n/rabbitmq.conf"
     fi
     echo "[{kernel, [{net_ticktime, $ticktime}]}]." >"$D/$n/advanced.config"
     # No plugins: management alone would double each node's memory and boot time.
