@@ -226,9 +226,16 @@ func TestClusterZeroLoss(t *testing.T) {
 	if partitioned == "" {
 		partitioned = leaderBefore
 	}
+	leaderAtCut := leaderOf(t, topo.Queue)
 	clustertest.Run(t, "partition", partitioned)
 	time.Sleep(10 * time.Second)
+	healing := time.Now()
 	clustertest.Run(t, "heal", partitioned)
+	// heal returns once the node is a running member again: a paused node
+	// (3.10, 4.0) after it restarted, one that never paused (4.3) after it
+	// reconnected. A node that held elections alone may take over on return.
+	rejoined := time.Since(healing)
+	leaderAtHeal := leaderOf(t, topo.Queue)
 
 	// 3. SIGKILL a listener process and start another.
 	waitFor("three fifths confirmed", 5*time.Minute, progress(0.6))
@@ -269,6 +276,8 @@ func TestClusterZeroLoss(t *testing.T) {
 	}
 	t.Logf("after the kill: new leader known within %v, consumption resumed after %v %s, %d publishes failed (nacked or unconfirmed) and were sent again",
 		elected.Round(time.Millisecond), resumedAfter.Round(time.Millisecond), survivors, nackedAfterKill)
+	t.Logf("partition: %s cut off for 10s, a member again %v after the heal; the work queue was led by %s at the cut and by %s after the heal",
+		partitioned, rejoined.Round(time.Millisecond), leaderAtCut, leaderAtHeal)
 	t.Logf("%d messages in %v on %d nodes: %d handled, %d dead-lettered, 0 lost; leader %s killed (new leader %s, consumption resumed after %v), %s partitioned for 10s, 1 of %d listener processes SIGKILLed; duplicates: %d handled twice, %d dead-lettered twice (%.1f per 1000)",
 		messages, took.Round(time.Millisecond), len(urls), len(handled), len(dead), leaderBefore, leaderAfter, resumedAfter.Round(time.Millisecond),
 		partitioned, children.started, dupHandled, dupDead, float64(dupHandled+dupDead)*1000/float64(messages))
