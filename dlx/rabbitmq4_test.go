@@ -168,3 +168,33 @@ func TestDeliveryCountHeader(t *testing.T) {
 		}
 	}
 }
+
+// Why Validate refuses DeliveryLimit (and arguments that dead-letter on
+// their own) with SingleRetryDelay: in that layout the work queue
+// dead-letters everything into the retry queue, whose TTL sends it back, and
+// a message that goes round such a cycle without a rejection is dropped by
+// the broker without a word. Here the layout is declared by hand, as
+// Declare would have, with a delivery limit of 1: past it the message is
+// gone from both queues, on every version tested.
+func TestSingleRetryLayoutDropsWhatItDoesNotReject(t *testing.T) {
+	q := brokertest.Name(t, "work")
+	retry := q + ".retry"
+	brokertest.Queue(t, retry, amqp.Table{"x-queue-type": "quorum", "x-message-ttl": int64(100), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": q})
+	brokertest.Queue(t, q, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(1), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": retry})
+	brokertest.Publish(t, q, amqp.Publishing{MessageId: "m", Body: []byte("x"), DeliveryMode: amqp.Persistent})
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	for range 2 { // the first delivery and one return: then past the limit
+		d, ok, err := ch.Get(q, false)
+		if err != nil || !ok {
+			t.Fatalf("get: %v %v", ok, err)
+		}
+		if err := d.Reject(true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Second) // ten times the retry queue's TTL
+	if w, r := brokertest.Depth(t, q), brokertest.Depth(t, retry); w != 0 || r != 0 {
+		major, minor := brokertest.Version(t)
+		t.Errorf("RabbitMQ %d.%d kept the message (work queue %d, retry queue %d): it no longer drops such cycles, and Validate may relax", major, minor, w, r)
+	}
+}

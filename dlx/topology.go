@@ -95,6 +95,13 @@ type Topology struct {
 	// after the delay: only a recoverer that publishes takes a message to the
 	// DLQ, so every chain must end in Recover(topo.RejectToRetry(n,
 	// recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey()))).
+	// Anything else the work queue dead-letters goes round the same loop
+	// without a rejection, which RabbitMQ drops silently: Validate refuses
+	// DeliveryLimit, and QueueArguments with x-message-ttl or a length
+	// limit that drops messages, with it. A quorum work queue on RabbitMQ 4
+	// has a delivery limit of 20 all the same (returns after crashes and
+	// lost connections count): keep listener.WithRedeliveryLimit below it, so
+	// that the listener, not the broker, takes such a message out of the loop.
 	SingleRetryDelay time.Duration
 
 	// DeliveryLimit sets x-delivery-limit on the quorum work and retry queues
@@ -232,6 +239,9 @@ func (t Topology) Validate() error {
 	if t.SkipWorkQueue && t.Exchange != "" && len(t.BindingKeys) > 0 {
 		bad("dlx: Topology.BindingKeys %q are not used with Topology.SkipWorkQueue: the work queue is not bound either", t.BindingKeys)
 	}
+	if t.SingleRetryDelay > 0 {
+		errs = append(errs, t.singleDelayCycles()...)
+	}
 	if t.RetryQueueName != nil && t.SingleRetryDelay > 0 {
 		bad("dlx: Topology.RetryQueueName is not used with Topology.SingleRetryDelay %v: that layout's retry queue is always Queue+\".retry\" (%q)",
 			t.SingleRetryDelay, t.SingleRetryQueue())
@@ -262,6 +272,41 @@ func (t Topology) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// singleDelayCycles refuses what makes the single-delay layout's work queue
+// dead-letter a message it did not reject: Q dead-letters everything into
+// Q.retry, whose TTL sends it back to Q, and RabbitMQ drops without a word a
+// message that goes round a dead-letter cycle with no rejection in it
+// (tested on 3.10.8, 4.0.5 and 4.3.6: work queue, retry queue and DLQ all
+// empty).
+func (t Topology) singleDelayCycles() []error {
+	var errs []error
+	cycle := fmt.Sprintf("with Topology.SingleRetryDelay, %s dead-letters everything into %s, whose TTL sends it back, and RabbitMQ drops "+
+		"without a word a message that goes round such a cycle without a rejection", t.Queue, t.SingleRetryQueue())
+	if t.DeliveryLimit > 0 {
+		errs = append(errs, fmt.Errorf("dlx: Topology.DeliveryLimit %d: past it the broker dead-letters the message (reason delivery_limit), and %s: "+
+			"use Topology.RetryDelays with DeliveryLimit, or listener.WithRedeliveryLimit, which hands such a message to the chain's recoverer (RejectToRetry's final) "+
+			"before the broker's limit", t.DeliveryLimit, cycle))
+	}
+	overflow, _ := t.QueueArguments["x-overflow"].(string)
+	for _, k := range slices.Sorted(maps.Keys(t.QueueArguments)) {
+		why := ""
+		switch k {
+		case "x-message-ttl":
+			why = "a message that expires on it is dead-lettered (reason expired)"
+		case "x-delivery-limit":
+			why = "past the limit the broker dead-letters the message (reason delivery_limit)"
+		case "x-max-length", "x-max-length-bytes":
+			if overflow == "" || overflow == "drop-head" || overflow == "reject-publish-dlx" {
+				why = "a message dropped for length is dead-lettered (reason maxlen) unless x-overflow is reject-publish"
+			}
+		}
+		if why != "" {
+			errs = append(errs, fmt.Errorf("dlx: Topology.QueueArguments[%q]: %s, and %s: drop it, or use Topology.RetryDelays", k, why, cycle))
+		}
+	}
+	return errs
 }
 
 // ownedArgument is a work queue argument that Declare sets itself: a value

@@ -217,6 +217,19 @@ func TestValidate(t *testing.T) {
 		"not both":                        {Queue: "q", RetryDelays: []time.Duration{time.Second}, SingleRetryDelay: time.Second},
 		"in increasing order":             {Queue: "q", RetryDelays: []time.Duration{time.Minute, time.Second}},
 		"need Type: dlx.Quorum":           {Queue: "q", DeliveryLimit: 3},
+		// The single-delay layout's work queue dead-letters everything into
+		// its retry queue: what it dead-letters without a rejection goes
+		// round a cycle the broker drops silently (TestSingleRetryLayoutDropsWhatItDoesNotReject).
+		"Topology.DeliveryLimit 3: past it the broker dead-letters the message (reason delivery_limit)": {
+			Queue: "q", Type: dlx.Quorum, SingleRetryDelay: time.Second, DeliveryLimit: 3},
+		`QueueArguments["x-delivery-limit"]: past the limit`: {
+			Queue: "q", Type: dlx.Quorum, SingleRetryDelay: time.Second, QueueArguments: amqp.Table{"x-delivery-limit": int64(3)}},
+		`QueueArguments["x-message-ttl"]: a message that expires on it is dead-lettered`: {
+			Queue: "q", SingleRetryDelay: time.Second, QueueArguments: amqp.Table{"x-message-ttl": int64(60000)}},
+		`QueueArguments["x-max-length"]: a message dropped for length is dead-lettered`: {
+			Queue: "q", SingleRetryDelay: time.Second, QueueArguments: amqp.Table{"x-max-length": int64(10)}},
+		`QueueArguments["x-max-length-bytes"]`: {
+			Queue: "q", SingleRetryDelay: time.Second, QueueArguments: amqp.Table{"x-max-length-bytes": int64(1 << 20), "x-overflow": "drop-head"}},
 		"dlx: Topology.RetryDelays[0] must be at least 1ms, got 0s": {Queue: "q", RetryDelays: []time.Duration{0}},
 		"two retry tiers share the queue name \"q.retry.1s\"":       {Queue: "q", RetryDelays: []time.Duration{time.Second, time.Second}},
 		`DLQWithBrokerDefaultLimit is for a quorum DLQ created without x-delivery-limit: it needs Type: dlx.Quorum, got "classic"`: {
@@ -507,7 +520,7 @@ func TestValidateAcceptsWhatDeclarePassesOn(t *testing.T) {
 		"quorum x-delivery-limit":  {Queue: "q", Type: dlx.Quorum, QueueArguments: amqp.Table{"x-delivery-limit": int64(5)}},
 		"DLQArguments":             {Queue: "q", DLQArguments: amqp.Table{"x-max-length": int64(10), "x-dead-letter-exchange": "graveyard"}},
 		"RetryQueueName, tiers":    {Queue: "q", RetryDelays: []time.Duration{time.Second}, RetryQueueName: func(time.Duration) string { return "r" }},
-		"single delay, arguments":  {Queue: "q", SingleRetryDelay: time.Second, QueueArguments: amqp.Table{"x-max-length": int64(10)}},
+		"single delay, arguments":  {Queue: "q", SingleRetryDelay: time.Second, QueueArguments: amqp.Table{"x-max-length": int64(10), "x-overflow": "reject-publish"}},
 		"quorum DLQ as it was":     {Queue: "q", Type: dlx.Quorum, DLQWithBrokerDefaultLimit: true},
 		"quorum DLQ limit of mine": {Queue: "q", Type: dlx.Quorum, DLQArguments: amqp.Table{"x-delivery-limit": int64(1000)}},
 		// What Declare sets anyway, said again: harmless, and in configurations
