@@ -55,13 +55,89 @@ type inflight struct {
 	messageID     string
 	correlationID string
 	userID        string
+	headers       amqp.Table
 	returned      *amqp.Return
 	result        chan error // receives exactly one outcome
 }
 
-func (f *inflight) matches(r *amqp.Return) bool {
+// matches reports whether r may be f's return: same destination, ids and
+// body. With headers, only if the headers are the same too.
+func (f *inflight) matches(r *amqp.Return, headers bool) bool {
 	return f.returned == nil && f.exchange == r.Exchange && f.key == r.RoutingKey &&
-		f.messageID == r.MessageId && f.correlationID == r.CorrelationId && bytes.Equal(f.body, r.Body)
+		f.messageID == r.MessageId && f.correlationID == r.CorrelationId && bytes.Equal(f.body, r.Body) &&
+		(!headers || sameTable(f.headers, r.Headers))
+}
+
+// sameTable compares a table as published with the same table read back
+// from the wire, where an integer may come back as another width, a float32
+// as a float64 and a timestamp to the second.
+func sameTable(sent, got amqp.Table) bool {
+	if len(sent) != len(got) {
+		return false
+	}
+	for k, v := range sent {
+		w, ok := got[k]
+		if !ok || !sameField(v, w) {
+			return false
+		}
+	}
+	return true
+}
+
+func sameField(a, b any) bool {
+	switch a := a.(type) {
+	case amqp.Table:
+		bt, ok := b.(amqp.Table)
+		return ok && sameTable(a, bt)
+	case []any:
+		bs, ok := b.([]any)
+		if !ok || len(a) != len(bs) {
+			return false
+		}
+		for i := range a {
+			if !sameField(a[i], bs[i]) {
+				return false
+			}
+		}
+		return true
+	case time.Time:
+		bt, ok := b.(time.Time)
+		return ok && a.Unix() == bt.Unix()
+	case []byte:
+		bb, ok := b.([]byte)
+		return ok && bytes.Equal(a, bb)
+	}
+	if x, ok := asNumber(a); ok {
+		y, ok := asNumber(b)
+		return ok && x == y
+	}
+	return a == b
+}
+
+func asNumber(v any) (float64, bool) {
+	switch n := v.(type) {
+	case int8:
+		return float64(n), true
+	case int16:
+		return float64(n), true
+	case int32:
+		return float64(n), true
+	case int64:
+		return float64(n), true
+	case int:
+		return float64(n), true
+	case uint8:
+		return float64(n), true
+	case uint16:
+		return float64(n), true
+	case uint32:
+		return float64(n), true
+	case float32:
+		return float64(n), true
+	case float64:
+		return n, true
+	}
+	return 0, false
 }
 
 // channelLostError: the channel closed before the message was confirmed;
@@ -119,7 +195,8 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 		tag:      tag,
 		exchange: exchange, key: key, body: msg.Body,
 		messageID: msg.MessageId, correlationID: msg.CorrelationId, userID: msg.UserId,
-		result: make(chan error, 1),
+		headers: msg.Headers,
+		result:  make(chan error, 1),
 	}
 	cc.mu.Lock()
 	if cc.dead.Load() {
@@ -238,8 +315,22 @@ func (cc *confirmChannel) settle(c amqp.Confirmation) {
 func (cc *confirmChannel) markReturned(r *amqp.Return) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
+	// Messages that differ only in headers (on a headers exchange, one may
+	// be routed and the other not) are told apart by them. Should the
+	// headers read back compare unequal to every pending message's, the
+	// return still fails each that matches otherwise: reporting a returned
+	// message as stored is the one mistake not to make.
+	marked := false
 	for _, f := range cc.pending {
-		if f.matches(r) {
+		if f.matches(r, true) {
+			f.returned, marked = r, true
+		}
+	}
+	if marked {
+		return
+	}
+	for _, f := range cc.pending {
+		if f.matches(r, false) {
 			f.returned = r
 		}
 	}

@@ -198,3 +198,50 @@ func TestMessageOverTheBrokersMaximumSize(t *testing.T) {
 	}
 	brokertest.Eventually(t, 5*time.Second, "every confirmed message on the queue", func() bool { return brokertest.Depth(t, q) == want })
 }
+
+// On a headers exchange two messages may differ only in their headers: one
+// routed, the other returned. The return must fail only the one it belongs
+// to: a routed, confirmed message reported unroutable would be published
+// again by a caller that trusts the error, a duplicate.
+func TestReturnsAreMatchedByHeadersToo(t *testing.T) {
+	ex, q := brokertest.Name(t, "headers"), brokertest.Name(t, "q")
+	brokertest.Exchange(t, ex, "headers")
+	brokertest.Queue(t, q, nil)
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	if err := ch.QueueBind(q, "", ex, false, amqp.Table{"x-match": "all", "route": "yes"}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := publisher.New(brokertest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	const pairs = 1000
+	var wrong, returned, wg = atomic.Int64{}, atomic.Int64{}, sync.WaitGroup{}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range pairs {
+		for _, route := range []string{"yes", "no"} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Same id and body: only the headers differ.
+				err := p.Publish(ctx, ex, "", amqp.Publishing{MessageId: fmt.Sprint(i), Body: []byte("same"), Headers: amqp.Table{"route": route, "n": i}})
+				switch {
+				case route == "yes" && err != nil:
+					wrong.Add(1)
+				case route == "no" && errors.Is(err, publisher.ErrUnroutable):
+					returned.Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if n := wrong.Load(); n > 0 {
+		t.Errorf("%d of %d routed messages were reported as failed (unroutable) because a message differing only in headers was returned", n, pairs)
+	}
+	if n := returned.Load(); n != pairs {
+		t.Errorf("%d of %d unroutable messages reported ErrUnroutable", n, pairs)
+	}
+	brokertest.Eventually(t, 5*time.Second, "every routed message on the queue", func() bool { return brokertest.Depth(t, q) == pairs })
+}
