@@ -223,3 +223,29 @@ func TestHeadersFitThePublishersFrameMax(t *testing.T) {
 		t.Errorf("headers take %d bytes; with frame_max 16384 and headroom 2000 they should nearly fill %d", size, budget)
 	}
 }
+
+// Headers that cannot all fit with the fault headers (a delivery of ours can
+// carry them only from a broker with a larger frame_max than the DLQ's
+// publisher sees): the largest are dropped, the fault headers kept, and the
+// dead letter lists what was left out.
+func TestHeadersThatCannotFitAreDroppedLargestFirst(t *testing.T) {
+	pub := &pubtest.Publisher{Frame: 131072}
+	d := &amqp.Delivery{MessageId: "m", Body: []byte("x"), Headers: amqp.Table{
+		"first": strings.Repeat("a", 70_000), "second": strings.Repeat("b", 60_000), "small": "kept"}}
+	msg, err := recoverer.Republish(pub, "dlx", "").Message(context.Background(), d, errors.New("boom"))
+	if err != nil {
+		t.Fatalf("Message: %v", err)
+	}
+	if size, limit := amqptable.PropertiesSize(msg), pub.FrameMax()-amqptable.FrameOverhead; size > limit {
+		t.Errorf("properties take %d bytes, more than the %d a frame holds", size, limit)
+	}
+	if _, ok := msg.Headers["first"]; ok {
+		t.Error("the largest header was kept")
+	}
+	if msg.Headers["second"] == nil || msg.Headers["small"] != "kept" {
+		t.Error("a header that fits after the largest is dropped was dropped too")
+	}
+	if msg.Headers["x-exception-message"] != "boom" || msg.Headers["x-amqpretry-dropped-headers"] != "first" {
+		t.Errorf("x-exception-message %v, dropped %v: want boom and \"first\"", msg.Headers["x-exception-message"], msg.Headers["x-amqpretry-dropped-headers"])
+	}
+}

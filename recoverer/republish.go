@@ -1,10 +1,14 @@
 package recoverer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -36,6 +40,10 @@ const (
 	SuffixHost               = "host"
 	SuffixOriginalExpiration = "original-expiration"
 	SuffixOriginalUserID     = "original-user-id"
+	// SuffixDroppedHeaders lists, comma-separated, the message's own
+	// headers left out of a dead letter because with them it would not fit
+	// in a frame (rare: headers that nearly fill frame_max by themselves).
+	SuffixDroppedHeaders = "dropped-headers"
 )
 
 // DefaultHeadroom is what Republish leaves free in a frame for the other
@@ -55,7 +63,7 @@ type Republisher struct {
 
 // faultKeys are the names of our fault headers, the prefix joined once.
 type faultKeys struct {
-	originalQueue, errorType, attempts, failedAt, host, originalExpiration, originalUserID string
+	originalQueue, errorType, attempts, failedAt, host, originalExpiration, originalUserID, droppedHeaders string
 }
 
 func newFaultKeys(prefix string) faultKeys {
@@ -67,6 +75,7 @@ func newFaultKeys(prefix string) faultKeys {
 		host:               prefix + SuffixHost,
 		originalExpiration: prefix + SuffixOriginalExpiration,
 		originalUserID:     prefix + SuffixOriginalUserID,
+		droppedHeaders:     prefix + SuffixDroppedHeaders,
 	}
 }
 
@@ -212,7 +221,17 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	if r.cfg.stackTrace {
 		stack = StackTrace(cause)
 	}
-	message, stack, err := fitFaultText(r.headerBudget(msg)-amqptable.Size(headers), ErrorString(handlerErr), stack, r.cfg.stackTrace)
+	budget := r.headerBudget(msg)
+	if budget-amqptable.Size(headers) < faultTextFloor {
+		// The message's own headers fill the frame past the headroom. The
+		// headroom is a margin, not a must: a dead letter that cannot be
+		// written would loop for ever, so use all the frame leaves, and
+		// if even that is too little, drop headers (the largest first,
+		// ours last) and say which.
+		budget = r.exactHeaderBudget(msg)
+		headers = dropToFit(headers, budget-faultTextFloor, keys.droppedHeaders, r.ownKeys())
+	}
+	message, stack, err := fitFaultText(budget-amqptable.Size(headers), ErrorString(handlerErr), stack, r.cfg.stackTrace)
 	if err != nil {
 		return amqp.Publishing{}, err
 	}
@@ -228,10 +247,56 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 // headroom, and never more than what the frame has left after msg's other
 // properties (headers are not counted from msg).
 func (r *Republisher) headerBudget(msg amqp.Publishing) int {
-	frameMax := r.frameMax()
+	return min(r.frameMax()-r.cfg.headroom, r.exactHeaderBudget(msg))
+}
+
+// exactHeaderBudget is what the frame leaves for the header table after
+// msg's other properties and the trace headers.
+func (r *Republisher) exactHeaderBudget(msg amqp.Publishing) int {
 	msg.Headers = nil
-	exact := frameMax - amqptable.FrameOverhead - amqptable.PropertiesSize(msg) - propagationReserve
-	return min(frameMax-r.cfg.headroom, exact)
+	return r.frameMax() - amqptable.FrameOverhead - amqptable.PropertiesSize(msg) - propagationReserve
+}
+
+// faultTextFloor is the least room left for the exception message and stack
+// trace (their keys included) before Message stops honouring the headroom.
+const faultTextFloor = 1024
+
+// ownKeys are the fault headers Message writes, dropped last.
+func (r *Republisher) ownKeys() map[string]bool {
+	k := &r.keys
+	return map[string]bool{HeaderOriginalExchange: true, HeaderOriginalRoutingKey: true, k.originalQueue: true, k.errorType: true,
+		k.attempts: true, k.failedAt: true, k.host: true, k.originalExpiration: true, k.originalUserID: true}
+}
+
+// dropToFit drops headers, the largest first and ours last, until the table
+// takes at most budget bytes with the list of what was dropped, which it
+// adds under listKey. It leaves headers as it is when it fits.
+func dropToFit(headers amqp.Table, budget int, listKey string, ours map[string]bool) amqp.Table {
+	if amqptable.Size(headers) <= budget {
+		return headers
+	}
+	keys := slices.SortedFunc(maps.Keys(headers), func(a, b string) int {
+		if ours[a] != ours[b] {
+			if ours[a] {
+				return 1
+			}
+			return -1
+		}
+		return cmp.Or(cmp.Compare(amqptable.FieldSize(headers[b])+len(b), amqptable.FieldSize(headers[a])+len(a)), strings.Compare(a, b))
+	})
+	out := maps.Clone(headers)
+	var dropped []string
+	const listRoom = 1024 // for the list itself
+	for _, k := range keys {
+		if amqptable.Size(out)+listRoom <= budget {
+			break
+		}
+		delete(out, k)
+		dropped = append(dropped, k)
+	}
+	list := strings.ToValidUTF8(strings.Join(dropped, ","), "\uFFFD")
+	out[listKey] = cut(list, listRoom-entrySize(listKey)-8)
+	return out
 }
 
 // propagationReserve leaves room for the trace headers (traceparent,

@@ -347,3 +347,32 @@ func TestEmptyKeyReachesADLXBoundByTheProducersKey(t *testing.T) {
 		})
 	}
 }
+
+// A message whose own headers fit the broker's frame but not the frame less
+// the 20,000-byte headroom (a 115 kB header here) still reaches the DLQ: the
+// headroom gives way, the fault text is cut to what is left, and the
+// message's own headers are kept. Before, the recovery failed every time and
+// the message was requeued for ever.
+func TestHeadersThatFillTheFrameStillReachTheDLQ(t *testing.T) {
+	work, dlx, dlq := topology(t)
+	pub := newPublisher(t, brokertest.URL())
+	big := strings.Repeat("h", 115_000)
+	brokertest.Publish(t, work, amqp.Publishing{MessageId: "big", Body: []byte("x"), Headers: amqp.Table{"big": big, "keep": "me"}})
+	s, err := handleOne(t, work, middleware.Chain(retryFast(2), middleware.Recover(recoverer.Republish(pub, dlx, ""))), failing(errors.New("boom")))
+	if s != middleware.Ack {
+		t.Fatalf("settled %v (%v), want ack: the dead letter could not be written", s, err)
+	}
+	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
+	if !ok {
+		t.Fatal("nothing on the DLQ")
+	}
+	if d.Headers["big"] != big || d.Headers["keep"] != "me" {
+		t.Error("the message's own headers were not kept, though they fit")
+	}
+	if msg, _ := d.Headers["x-exception-message"].(string); msg != "boom" {
+		t.Errorf("x-exception-message = %q, want boom", msg)
+	}
+	if _, ok := d.Headers["x-amqpretry-dropped-headers"]; ok {
+		t.Error("headers were dropped, though they fit")
+	}
+}
