@@ -14,7 +14,9 @@ var (
 	// queue with x-overflow=reject-publish is full.
 	ErrNacked = errors.New("publisher: message nacked by the broker")
 
-	// ErrClosed: the Publisher was closed.
+	// ErrClosed: the Publisher was closed. A publish that had sent its
+	// message before the close, and had no confirm yet, fails with an error
+	// that matches ErrNotConfirmed as well: the broker may have stored it.
 	ErrClosed = errors.New("publisher: closed")
 
 	// ErrNotConfirmed: the context ended or the confirm timeout passed before

@@ -140,12 +140,22 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 	defer p.leave()
 
 	exceptions, sendFailures := 0, 0
+	sent := false // a send went out: the broker may hold the message
 	for {
 		cc, err := p.pickChannel(ctx, exchange, key)
 		if err != nil {
+			if sent && err == ErrClosed {
+				// Closed while a copy sent before was unconfirmed: it may
+				// be stored, and a caller that publishes again on
+				// ErrNotConfirmed must know that.
+				return &notConfirmedError{exchange: exchange, key: key, cause: ErrClosed}
+			}
 			return err
 		}
 		f, err := cc.send(ctx, exchange, key, &msg)
+		if lost, ok := errtree.As[*channelLostError](err); f != nil || (ok && lost.sendErr != nil) {
+			sent = true // (a write that failed may have gone out in part or whole)
+		}
 		if err == nil {
 			err = p.await(ctx, cc, f)
 		}

@@ -245,3 +245,32 @@ func TestReturnsAreMatchedByHeadersToo(t *testing.T) {
 	}
 	brokertest.Eventually(t, 5*time.Second, "every routed message on the queue", func() bool { return brokertest.Depth(t, q) == pairs })
 }
+
+// Close while a message sent is still unconfirmed (the broker stopped
+// answering): the publish fails with an error that matches ErrClosed and
+// ErrNotConfirmed, since the broker may have stored it: a caller that
+// publishes again on ErrNotConfirmed, or keeps the message for later, must
+// not take ErrClosed alone to mean nothing went out.
+func TestCloseWithAnUnconfirmedPublishSaysItMayBeStored(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	proxy, url := brokertest.Proxy(t)
+	p, err := publisher.New(url, publisher.WithCloseTimeout(200*time.Millisecond), publisher.WithConfirmTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Blackhole(true)
+	defer proxy.Blackhole(false)
+	done := make(chan error, 1)
+	go func() { done <- p.Publish(context.Background(), "", q, amqp.Publishing{Body: []byte("x")}) }()
+	time.Sleep(300 * time.Millisecond) // sent; its confirm cannot come
+	_ = p.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, publisher.ErrNotConfirmed) || !errors.Is(err, publisher.ErrClosed) {
+			t.Errorf("Publish = %v, want an error matching ErrNotConfirmed and ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Publish did not return after Close")
+	}
+}
