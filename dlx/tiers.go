@@ -75,7 +75,11 @@ func WithRepublishOptions(opts ...recoverer.Option) TierOption {
 //
 //	middleware.Chain(middleware.Retry(3), middleware.Recover(topo.Tiers(pub)))
 //
-// makes three quick local attempts, then the tiers, then the DLQ. Tiers
+// makes three quick local attempts, then the tiers, then the DLQ. A copy
+// on a tier has no per-message expiration (a TTL shorter than the tier's
+// would cut its wait short): the message's own is kept in the
+// x-amqpretry-original-expiration header, and a retried message no longer
+// expires on its work queue. Tiers
 // panics if the topology is invalid or has no RetryDelays, if pub is nil, or
 // if a MaxRetries or WithRepublishOptions value is invalid, naming every
 // problem at once.

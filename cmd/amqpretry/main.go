@@ -131,6 +131,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	if *limit < 0 {
+		return fmt.Errorf("%w: --limit expects 1 or more (0 or left out: list shows 100, replay takes every message), got %d", errUsage, *limit)
+	}
 	if *url == "" {
 		*url = os.Getenv("AMQP_URL")
 	}
@@ -346,11 +349,30 @@ func replay(ctx context.Context, urls []string, queue string, limit int, re *reg
 		}
 	}))
 	var stats dlx.ReplayStats
+	left := -1
 	err = withChannel(urls, func(ch *amqp.Channel) error {
+		// A queue that is not there is an error, before anything is said
+		// of what was replayed.
+		if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("queue %s: %w", queue, err)
+		}
 		stats, err = dlx.Replay(ctx, ch, pub, queue, opts...)
+		if q, qerr := ch.QueueDeclarePassive(queue, true, false, false, false, nil); qerr == nil {
+			left = q.Messages
+		}
 		return err
 	})
-	fmt.Fprintf(stdout, "replayed %d message(s) from %s; %d left there (not matching or without a destination)\n", stats.Replayed, queue, stats.Skipped)
+	if stats.Scanned == 0 && err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "replayed %d message(s) from %s", stats.Replayed, queue)
+	if stats.Skipped > 0 {
+		fmt.Fprintf(stdout, "; %d looked at and left there (not matching or without a destination)", stats.Skipped)
+	}
+	if left >= 0 {
+		fmt.Fprintf(stdout, "; %d message(s) on it now", left)
+	}
+	fmt.Fprintln(stdout)
 	return err
 }
 

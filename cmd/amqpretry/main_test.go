@@ -109,11 +109,30 @@ func TestReplay(t *testing.T) {
 	}
 	other := brokertest.Name(t, "other")
 	brokertest.Queue(t, other, nil)
-	if code, out, _ := amqpretry(t, "dlq", "replay", topo.DLQ(), "--to", other, "--limit", "2"); code != 0 || !strings.Contains(out, "replayed 2") {
+	// With --limit, what is left says how many are on the DLQ, not only
+	// how many were looked at and skipped.
+	if code, out, _ := amqpretry(t, "dlq", "replay", topo.DLQ(), "--to", other, "--limit", "2"); code != 0 ||
+		!strings.Contains(out, "replayed 2 message(s) from "+topo.DLQ()+"; 1 message(s) on it now") {
 		t.Fatalf("--to --limit: exit %d, %s", code, out)
 	}
 	if n := brokertest.Depth(t, other); n != 2 {
 		t.Errorf("%s holds %d", other, n)
+	}
+	// A queue that is not there: an error, and no word of a replay.
+	code, out, errOut = amqpretry(t, "dlq", "replay", topo.DLQ()+".nosuch")
+	if code != 1 || strings.Contains(out, "replayed") || !strings.Contains(errOut, "NOT_FOUND") {
+		t.Errorf("replay of a missing queue: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+// --limit below 0 is refused by every dlq command alike (it used to mean
+// "everything" to replay and "100" to list).
+func TestNegativeLimitIsRefused(t *testing.T) {
+	for _, cmd := range []string{"list", "replay"} {
+		code, _, errOut := amqpretry(t, "dlq", cmd, "q", "--limit", "-1")
+		if code != 2 || !strings.Contains(errOut, "--limit expects 1 or more") {
+			t.Errorf("dlq %s --limit -1: exit %d, %s", cmd, code, errOut)
+		}
 	}
 }
 
