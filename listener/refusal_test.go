@@ -107,3 +107,27 @@ func TestConsumeWithoutReadPermissionEndsRun(t *testing.T) {
 		t.Errorf("Run took %v to give up", took)
 	}
 }
+
+// A user who may not configure (declare) the topology's queues, wired as the
+// README wires it: the broker refuses the declaration with 403 and Run ends
+// at once with an error that unwraps to it.
+func TestDeclareWithoutConfigurePermissionEndsRun(t *testing.T) {
+	topo := dlx.Topology{Queue: brokertest.Name(t, "orders")}
+	user := brokertest.Name(t, "user")
+	brokertest.Rabbitmqctl(t, "add_user", user, "secret-password")
+	t.Cleanup(func() { _, _ = brokertest.Ctl("delete_user", user) })
+	brokertest.Rabbitmqctl(t, "set_permissions", user, "^$", ".*", ".*") // no configure
+	l, err := listener.New(topo.Queue, nil, func(context.Context, *amqp.Delivery) error { return nil },
+		listener.WithURL(brokertest.WithCredentials(user, "secret-password")), listener.WithDeclare(topo.Declare), logTo(t, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err, took, returned := runFor(t, l, 20*time.Second)
+	var aerr *amqp.Error
+	if !returned || !errors.As(err, &aerr) || aerr.Code != amqp.AccessRefused {
+		t.Fatalf("Run = %v after %v, want the broker's 403 at once", err, took)
+	}
+	if took > 5*time.Second {
+		t.Errorf("Run took %v to give up", took)
+	}
+}
