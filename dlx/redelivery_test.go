@@ -226,6 +226,25 @@ func (a *arrivalLog) of(id string) []deliverySeen {
 	return append([]deliverySeen(nil), a.seen[id]...)
 }
 
+// runListener runs a listener on topo's work queue, declaring the topology
+// as the README wires it, until stop is called; Run must then return nil.
+func runListener(t *testing.T, topo dlx.Topology, chain middleware.Middleware, h middleware.Handler, opts ...listener.Option) (stop func()) {
+	t.Helper()
+	l, err := listener.New(topo.Queue, chain, h, append([]listener.Option{listener.WithURL(brokertest.URL()), listener.WithDeclare(topo.Declare)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+}
+
 // The broker's delayed retry end to end, through the listener wired as the
 // README wires it: a message that always fails is redelivered after
 // Min·k (within 100 ms), healthy messages flow past it meanwhile, and on its
@@ -260,20 +279,9 @@ func TestDelayedRedeliveryEndToEnd(t *testing.T) {
 		middleware.Retry(2, middleware.WithInitialInterval(5*time.Millisecond), middleware.WithMaxInterval(5*time.Millisecond)),
 		middleware.Recover(topo.Redeliver(pub)))
 	var log testlog.Buffer
-	l, err := listener.New(topo.Queue, chain, handle, listener.WithURL(brokertest.URL()), listener.WithDeclare(topo.Declare),
-		listener.WithLogger(log.Logger()), listener.WithRequeueDelay(time.Minute, time.Minute)) // a delay of its own would show
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	stop := runListener(t, topo, chain, handle, listener.WithLogger(log.Logger()),
+		listener.WithRequeueDelay(time.Minute, time.Minute)) // a delay of its own would show
+	defer stop()
 	brokertest.Eventually(t, 10*time.Second, "the work queue declared", func() bool { return brokertest.QueueExists(t, topo.Queue) })
 	msgs := []amqp.Publishing{{MessageId: "poison", Body: []byte("{}"), DeliveryMode: amqp.Persistent}}
 	for i := range 20 {
@@ -342,24 +350,12 @@ func TestDelayedRedeliveryShutdownUsesUpNoAttempt(t *testing.T) {
 			backoff = time.Minute
 		}
 		chain := middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(backoff), middleware.WithMaxInterval(backoff)), middleware.Recover(topo.Redeliver(pub)))
-		l, err := listener.New(topo.Queue, chain, func(ctx context.Context, d *amqp.Delivery) error {
+		return runListener(t, topo, chain, func(ctx context.Context, d *amqp.Delivery) error {
 			if middleware.Attempt(ctx) == 1 {
 				arrivals.begin(d)
 			}
 			return errors.New("boom")
-		}, listener.WithURL(brokertest.URL()), listener.WithDeclare(topo.Declare), listener.WithLogger(quiet))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- l.Run(ctx) }()
-		return func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		}
+		}, listener.WithLogger(quiet))
 	}
 	stop := run(false)
 	brokertest.Eventually(t, 10*time.Second, "the work queue declared", func() bool { return brokertest.QueueExists(t, topo.Queue) })
