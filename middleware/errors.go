@@ -1,8 +1,13 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"unicode/utf8"
+
 	"github.com/amqpretry/amqpretry/internal/errtree"
 
 	"github.com/cenkalti/backoff/v4"
@@ -163,11 +168,21 @@ func HandlerError(err error) error {
 	}
 }
 
-// ErrorType names an error for telemetry and fault headers: the Go type of
-// the handler's error (HandlerError), or "panic" for a handler panic.
+// ErrorType names an error for telemetry (error.type) and fault headers
+// (x-amqpretry-error-type), for grouping failures by cause: "panic" for a
+// handler panic; otherwise the Go type of the innermost error of the
+// handler's error (HandlerError), reached through every Unwrap (the first of
+// several, as with errors.Join or fmt.Errorf with two %w): wrappers that add
+// context (fmt.Errorf's %w, errors.Join, a *url.Error, inbox.CommitError)
+// give way to the cause, *json.SyntaxError or *pgconn.PgError. An innermost
+// error made by errors.New, reached through a wrapper, is a sentinel and is
+// named by its value: io.EOF and a few other well-known ones by their Go
+// names, others as errors.New("its text") (its first 64 bytes); one returned
+// as it is stays *errors.errorString (its text may be anything: the fault
+// header x-exception-message has it). The whole chain stays in the message.
 func ErrorType(err error) (name string) {
 	defer func() {
-		if recover() != nil { // errors.As called an As or Unwrap method of the user's that panics
+		if recover() != nil { // an As or Unwrap method of the user's panicked
 			name = errtree.TypeName(err)
 		}
 	}()
@@ -175,5 +190,65 @@ func ErrorType(err error) (name string) {
 	if _, ok := errtree.As[*PanicError](err); ok {
 		return "panic"
 	}
-	return errtree.TypeName(err)
+	leaf, wrapped := innermost(err)
+	name = errtree.TypeName(leaf)
+	if name != "*errors.errorString" { // (a pointer: a map key that cannot panic)
+		return name
+	}
+	if known, ok := wellKnownSentinels[leaf]; ok {
+		return known
+	}
+	if wrapped {
+		return fmt.Sprintf("errors.New(%q)", cutText(leaf.Error(), 64))
+	}
+	return name
+}
+
+// innermost follows Unwrap (the first non-nil of several) to the end of the
+// chain, and says whether it moved at all.
+func innermost(err error) (leaf error, wrapped bool) {
+	for depth := 0; depth < 64; depth++ {
+		var next error
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			next = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if e != nil {
+					next = e
+					break
+				}
+			}
+		}
+		if next == nil {
+			return err, depth > 0
+		}
+		err = next
+	}
+	return err, true
+}
+
+// wellKnownSentinels names the standard library's sentinel errors that are
+// made by errors.New.
+var wellKnownSentinels = map[error]string{
+	io.EOF:              "io.EOF",
+	io.ErrUnexpectedEOF: "io.ErrUnexpectedEOF",
+	io.ErrClosedPipe:    "io.ErrClosedPipe",
+	io.ErrShortWrite:    "io.ErrShortWrite",
+	context.Canceled:    "context.Canceled",
+	os.ErrNotExist:      "fs.ErrNotExist",
+	os.ErrExist:         "fs.ErrExist",
+	os.ErrPermission:    "fs.ErrPermission",
+	os.ErrClosed:        "fs.ErrClosed",
+}
+
+// cutText shortens s to at most n bytes on a rune boundary.
+func cutText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }

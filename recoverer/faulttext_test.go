@@ -101,7 +101,7 @@ func TestErrorDescriptions(t *testing.T) {
 	if got := middleware.HandlerError(exhausted); got != wrapped {
 		t.Errorf("HandlerError = %v, want the handler's own error", got)
 	}
-	if got := middleware.ErrorType(exhausted); got != "*fmt.wrapError" {
+	if got := middleware.ErrorType(exhausted); got != `errors.New("db down")` { // the wrapped cause, not fmt's wrapper
 		t.Errorf("ErrorType = %q", got)
 	}
 	if got := middleware.ErrorType(&middleware.PanicError{Value: "x"}); got != "panic" {
