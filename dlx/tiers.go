@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/amqphdr"
+	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
@@ -137,7 +138,7 @@ func (r *TierRecoverer) Recover(ctx context.Context, d *amqp.Delivery, cause err
 	if k >= r.max || middleware.IsPermanent(cause) {
 		return r.dlq.Recover(ctx, d, cause)
 	}
-	return r.tiers[min(k, len(r.tiers)-1)].Recover(ctx, d, cause)
+	return r.tiers[min(k, len(r.tiers)-1)].Recover(chainctx.WithRetryHop(ctx), d, cause)
 }
 
 // NextDelay is the tier delay d would wait on its next broker retry, or 0

@@ -217,6 +217,15 @@ type delivery struct {
 
 	failedFor error // the cause it went to the recoverer with (Recovering), for the kill switch
 	recorded  bool  // the kill switch has counted it already
+
+	recoveredTo string // where its recoverer put it (RecoveredTo), for the log
+	attempts    int    // ... after so many failed attempts
+	deadLetter  bool   // ... as a dead letter, not a retry hop
+}
+
+// RecoveredTo notes where the chain's recoverer put dd.
+func (dd *delivery) RecoveredTo(to string, attempts int, deadLetter bool) {
+	dd.recoveredTo, dd.attempts, dd.deadLetter = to, attempts, deadLetter
 }
 
 func (dd *delivery) Value(key any) any {
@@ -466,6 +475,9 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 	switch settlement {
 	case middleware.Ack:
 		l.stats.handled.Add(1)
+		if dd.recoveredTo != "" {
+			l.recovered(dd)
+		}
 		return
 	case middleware.Requeue, middleware.Release:
 		l.stats.requeued.Add(1)

@@ -53,14 +53,20 @@ type Listener struct {
 
 // Stats is a snapshot of a Listener's state.
 type Stats struct {
-	Consumers int // consuming now
-	InFlight  int // received and not settled yet
-	Running   int // in a handler now
-	Parked    int // in flight but neither running nor queued for a consumer: waiting between retries
-	Handled   uint64
+	Consumers int    // consuming now
+	InFlight  int    // received and not settled yet
+	Running   int    // in a handler now
+	Parked    int    // in flight but neither running nor queued for a consumer: waiting between retries
+	Handled   uint64 // acked: the chain returned nil (Recovered included)
 	Failed    uint64 // chain returned an error: requeued or rejected
 	Requeued  uint64
 	Rejected  uint64
+	// Recovered counts deliveries acked because the chain's recoverer put
+	// them somewhere else (a DLQ, a broker-side retry tier); DeadLettered,
+	// those of them that went to a dead-letter destination. Each dead letter
+	// is also logged, once, at warning level.
+	Recovered    uint64
+	DeadLettered uint64
 	// OldestInFlight is how long the oldest delivery in flight has been in
 	// the listener's hands; RabbitMQ closes the channel of one unsettled past
 	// its consumer_timeout, and the listener warns at 80% of it.
@@ -71,7 +77,7 @@ type Stats struct {
 }
 
 type counters struct {
-	handled, failed, requeued, rejected atomic.Uint64
+	handled, failed, requeued, rejected, recovered, deadLettered atomic.Uint64
 }
 
 // New checks its arguments and options and returns a Listener for queue;
@@ -155,6 +161,9 @@ func (l *Listener) Stats() Stats {
 		Failed:   l.stats.failed.Load(),
 		Requeued: l.stats.requeued.Load(),
 		Rejected: l.stats.rejected.Load(),
+
+		Recovered:    l.stats.recovered.Load(),
+		DeadLettered: l.stats.deadLettered.Load(),
 	}
 	if l.killSwitch != nil {
 		state, _, _ := l.killSwitch.current()
@@ -359,4 +368,18 @@ func (e *fatalError) Unwrap() error { return e.err }
 func isFatal(err error) bool {
 	var f *fatalError
 	return errors.As(err, &f)
+}
+
+// recovered counts a delivery its recoverer put elsewhere, and says so for
+// a dead letter: an operator should not learn of failures only by listing
+// the DLQ.
+func (l *Listener) recovered(dd *delivery) {
+	l.stats.recovered.Add(1)
+	if !dd.deadLetter {
+		return
+	}
+	l.stats.deadLettered.Add(1)
+	l.tel.DeadLettered.Add(context.Background(), 1, l.attrs.queue.Add...)
+	l.cfg.logger.Warn("listener: message dead-lettered", "queue", l.queue, "message_id", dd.MessageId, "to", dd.recoveredTo,
+		"attempts", dd.attempts, "error_type", middleware.ErrorType(dd.failedFor), "error", errtext.String(middleware.HandlerError(dd.failedFor)))
 }

@@ -42,9 +42,18 @@ func (f RecovererFunc) Recover(ctx context.Context, d *amqp.Delivery, cause erro
 // the listener returns the message to its queue at once, for the broker to
 // deliver it again after the queue's delay. When r succeeds, Recover returns
 // nil and the listener acks it.
-func Recover(r Recoverer) Middleware {
+//
+// OnRecover options are told of every recovery, with its outcome.
+func Recover(r Recoverer, opts ...RecoverOption) Middleware {
 	if r == nil {
 		panic("middleware: Recover expects a non-nil Recoverer")
+	}
+	var cfg recoverConfig
+	for _, opt := range opts {
+		if opt == nil {
+			panic("middleware: Recover expects non-nil options")
+		}
+		opt(&cfg)
 	}
 	return func(next Handler) Handler {
 		// The listener surveys the chain as it builds it: deliveries past
@@ -76,18 +85,22 @@ func Recover(r Recoverer) Middleware {
 			switch {
 			case rerr == nil:
 				recorded(ctx, telemetry.OutcomeRecovered, nil)
+				cfg.tell(ctx, d, err, nil, telemetry.OutcomeRecovered)
 				if ac, ok := ctx.Value(attemptKey).(*attemptContext); ok {
 					ac.exec.recovered = true // the Retry around reports the attempt as recovered
 				}
 				return nil
 			case errors.Is(rerr, ErrReject):
 				recorded(ctx, telemetry.OutcomeRejected, nil)
+				cfg.tell(ctx, d, err, rerr, telemetry.OutcomeRejected)
 				return fmt.Errorf("%w; handler error: %w", rerr, err)
 			case errors.Is(rerr, ErrRedeliver):
 				recorded(ctx, telemetry.OutcomeRedelivered, nil)
+				cfg.tell(ctx, d, err, rerr, telemetry.OutcomeRedelivered)
 				return fmt.Errorf("%w; handler error: %w", rerr, err)
 			default:
 				recorded(ctx, telemetry.OutcomeRecoveryFailed, rerr)
+				cfg.tell(ctx, d, err, rerr, telemetry.OutcomeRecoveryFailed)
 				return &RecoveryError{Err: rerr, Cause: err}
 			}
 		}
@@ -118,4 +131,61 @@ func recorded(ctx context.Context, outcome telemetry.Outcome, err error) {
 		}
 		span.AddEvent("recovery", trace.WithAttributes(attrs...))
 	}
+}
+
+// RecoverOption configures Recover.
+type RecoverOption func(*recoverConfig)
+
+type recoverConfig struct {
+	hooks []func(ctx context.Context, e RecoverEvent)
+}
+
+// RecoverEvent is what an OnRecover hook is told.
+type RecoverEvent struct {
+	Delivery *amqp.Delivery
+	Cause    error // the failure the recoverer was handed
+	// Outcome is "recovered" (the recoverer put the message elsewhere and it
+	// is acked), "rejected" (it asked for a reject without requeue),
+	// "redelivered" (it handed the message back for the broker to deliver
+	// again) or "failed" (it could not, and the message is requeued).
+	Outcome string
+	Err     error // the recoverer's error; nil when recovered
+	Attempt int   // the attempts the delivery had (Retry's count, or the attempt in progress)
+}
+
+// OnRecover calls hook after every recovery, on the delivery's goroutine,
+// with its outcome: Spring Retry's RetryListener.close, MassTransit's fault
+// observers. The listener already logs every dead letter and counts it in
+// Stats; use the hook to alert, count by cause, or audit. A hook must not
+// block for long or settle the delivery.
+func OnRecover(hook func(ctx context.Context, e RecoverEvent)) RecoverOption {
+	if hook == nil {
+		panic("middleware: OnRecover expects a non-nil hook")
+	}
+	return func(c *recoverConfig) { c.hooks = append(c.hooks, hook) }
+}
+
+func (c *recoverConfig) tell(ctx context.Context, d *amqp.Delivery, cause, err error, outcome telemetry.Outcome) {
+	if len(c.hooks) == 0 {
+		return
+	}
+	attempt, ok := AttemptsMade(cause)
+	if !ok {
+		attempt = Attempt(ctx)
+	}
+	e := RecoverEvent{Delivery: d, Cause: cause, Outcome: outcome.String(), Err: err, Attempt: attempt}
+	for _, hook := range c.hooks {
+		callHook(ctx, hook, e)
+	}
+}
+
+// callHook keeps a hook's panic from undoing the recovery (a panic would
+// requeue a message that is safely elsewhere already): it is logged instead.
+func callHook(ctx context.Context, hook func(context.Context, RecoverEvent), e RecoverEvent) {
+	defer func() {
+		if v := recover(); v != nil {
+			chainctx.Logger(ctx).Error("middleware: an OnRecover hook panicked; the recovery stands", "panic", fmt.Sprint(v), "outcome", e.Outcome)
+		}
+	}()
+	hook(ctx, e)
 }

@@ -160,6 +160,11 @@ func (r *Republisher) Recover(ctx context.Context, d *amqp.Delivery, cause error
 	if err := r.pub.Publish(ctx, r.exchange, key, msg); err != nil {
 		return fmt.Errorf("recoverer: republish to exchange %q with routing key %q: %w", r.exchange, key, err)
 	}
+	exchange := r.exchange
+	if exchange == "" {
+		exchange = "(the default exchange)"
+	}
+	chainctx.RecoveredTo(ctx, exchange+", routing key "+key, FailedAttempts(ctx, cause))
 	return nil
 }
 

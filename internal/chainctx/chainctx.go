@@ -13,6 +13,7 @@ const (
 	waitHookKey
 	loggerKey
 	recoveryHookKey
+	retryHopKey
 )
 
 // WithQueue records the queue a delivery came from; amqp.Delivery does not
@@ -94,4 +95,26 @@ func Recovering(ctx context.Context, cause error) error {
 		return h.Recovering(cause)
 	}
 	return nil
+}
+
+// RecoveredHook is told where a recoverer put a delivery: to (an exchange
+// and routing key, for the log), after how many failed attempts, and
+// whether that is a dead letter or a hop on the way to another try (a
+// broker-side retry tier).
+type RecoveredHook interface {
+	RecoveredTo(to string, attempts int, deadLetter bool)
+}
+
+// RecoveredTo tells the RecoveredHook in ctx, if any, where a recoverer put
+// the delivery: a dead letter unless ctx is marked WithRetryHop.
+func RecoveredTo(ctx context.Context, to string, attempts int) {
+	if h, ok := ctx.Value(recoveryHookKey).(RecoveredHook); ok {
+		h.RecoveredTo(to, attempts, ctx.Value(retryHopKey) == nil)
+	}
+}
+
+// WithRetryHop marks a recovery as a hop to a retry (a tier), not a dead
+// letter.
+func WithRetryHop(ctx context.Context) context.Context {
+	return context.WithValue(ctx, retryHopKey, true)
 }

@@ -44,6 +44,7 @@ type Metrics struct {
 	Attempts          metric.Int64Counter                   // amqpretry.attempts, by outcome
 	Retries           metric.Int64Counter                   // amqpretry.retries
 	Recoveries        metric.Int64Counter                   // amqpretry.recoveries, by outcome
+	DeadLettered      metric.Int64Counter                   // amqpretry.dead_lettered
 	ActiveConsumers   metric.Int64UpDownCounter             // amqpretry.consumers.active
 	Parked            metric.Int64UpDownCounter             // amqpretry.deliveries.parked
 	KillSwitchTrips   metric.Int64Counter                   // amqpretry.killswitch.trips
@@ -97,6 +98,8 @@ func newMetrics(mp metric.MeterProvider) *Metrics {
 		metric.WithDescription("Retries Retry scheduled after a failed attempt."))
 	m.Recoveries, _ = meter.Int64Counter("amqpretry.recoveries", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages handed to a recoverer, by outcome: recovered, failed, rejected."))
+	m.DeadLettered, _ = meter.Int64Counter("amqpretry.dead_lettered", metric.WithUnit("{message}"),
+		metric.WithDescription("Messages a listener's recoverer published to a dead-letter destination (not a retry tier) and acked."))
 	m.ActiveConsumers, _ = meter.Int64UpDownCounter("amqpretry.consumers.active", metric.WithUnit("{consumer}"),
 		metric.WithDescription("Consumers a listener runs now."))
 	m.Parked, _ = meter.Int64UpDownCounter("amqpretry.deliveries.parked", metric.WithUnit("{message}"),
