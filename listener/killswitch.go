@@ -314,6 +314,7 @@ func (s *session) trip() {
 		c.interruptWaits()
 	}
 	s.active = s.active[:0]
+	l.ready.consuming(false)
 	l.cfg.logger.Warn("listener: kill switch tripped: consuming stops, the messages stay on the queue, deliveries in flight go back to it",
 		"queue", l.queue, "why", why, "resume_at", resumeAt.Format(time.RFC3339Nano))
 }

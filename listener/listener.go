@@ -49,6 +49,8 @@ type Listener struct {
 
 	mu        sync.Mutex
 	consumers map[*consumer]struct{} // active, for Stats
+
+	ready *readiness
 }
 
 // Stats is a snapshot of a Listener's state.
@@ -74,6 +76,14 @@ type Stats struct {
 	// KillSwitch is the kill switch's state: "closed" (consuming),
 	// "tripped" or "probing"; "" without WithKillSwitch.
 	KillSwitch string
+
+	// Ready: consuming with the concurrent consumers (see WaitReady), for a
+	// readiness probe. ConnectedSince is when the current connection was
+	// made, zero while there is none; LastConnectionError the last
+	// connection, declaration or consume problem, "" if none yet.
+	Ready               bool
+	ConnectedSince      time.Time
+	LastConnectionError string
 }
 
 type counters struct {
@@ -141,6 +151,7 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 		queue: queue, mw: mw, handler: h, cfg: cfg,
 		redacted:  cfg.conn.Redacted(),
 		consumers: map[*consumer]struct{}{},
+		ready:     newReadiness(),
 		tel:       telemetry.New(cfg.telemetry),
 		spanName:  "process " + queue,
 	}
@@ -169,6 +180,12 @@ func (l *Listener) Stats() Stats {
 		state, _, _ := l.killSwitch.current()
 		s.KillSwitch = state.String()
 	}
+	l.ready.mu.Lock()
+	s.Ready, s.ConnectedSince = l.ready.ready, l.ready.connectedSince
+	if l.ready.lastErr != nil {
+		s.LastConnectionError = errtext.String(l.ready.lastErr)
+	}
+	l.ready.mu.Unlock()
 	now := monotime()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -211,13 +228,17 @@ func (l *Listener) Run(ctx context.Context) error {
 	sv.handlerCtx, sv.cancelHandlers = context.WithCancel(context.WithoutCancel(ctx))
 	defer sv.cancelHandlers()
 
+	if !l.cfg.urlSet {
+		l.cfg.logger.Warn("listener: no WithURL or WithURLs: consuming from the default broker", "queue", l.queue, "url", l.redacted)
+	}
 	err := sv.loop(ctx)
 	sv.shutdown()
 	sv.closers.Wait() // every connection is abandoned by now: their closes have ended
 	var fatal *fatalError
 	if errors.As(err, &fatal) {
-		return fatal.err
+		err = fatal.err
 	}
+	l.ready.stop(err)
 	return err
 }
 
@@ -233,6 +254,7 @@ type supervisor struct {
 	interruptOnce  sync.Once
 	consumers      sync.WaitGroup // every consumer goroutine, old connections' included
 	consumed       bool           // the current connection has started a consumer (loop's and serve's goroutine only)
+	everConnected  bool           // a dial has succeeded (loop's goroutine only), for WithFailFast
 	closers        sync.WaitGroup // channel and connection closes still waiting for the broker (closeBounded)
 }
 
@@ -273,7 +295,12 @@ func (sv *supervisor) loop(ctx context.Context) error {
 		}
 		conn, err := l.dial(ctx, dialer)
 		var served time.Duration
+		if err != nil && l.cfg.failFast && !sv.everConnected && !isFatal(err) {
+			err = &fatalError{fmt.Errorf("%w (WithFailFast: the first connection must succeed)", err)}
+		}
 		if err == nil {
+			sv.everConnected = true
+			l.ready.connected()
 			l.cfg.logger.Info("listener: connected", "queue", l.queue, "url", conn.RedactedURL)
 			began := time.Now()
 			sv.consumed = false
@@ -286,6 +313,7 @@ func (sv *supervisor) loop(ctx context.Context) error {
 				redial.Reset()
 			}
 		}
+		l.ready.lost(err)
 		switch {
 		case ctx.Err() != nil, err == nil:
 			return nil // shutting down, whatever else happened meanwhile

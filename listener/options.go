@@ -51,7 +51,9 @@ type config struct {
 	idleTimeout     time.Duration
 	drainTarget     time.Duration
 	missingFatal    bool
-	redeliveryLimit int // 0: off
+	failFast        bool
+	urlSet          bool // WithURL or WithURLs was given
+	redeliveryLimit int  // 0: off
 	// consumerTimeoutArg is sent as x-consumer-timeout on basic.consume; 0: not sent
 	consumerTimeoutArg time.Duration
 	killSwitch         *KillSwitch // nil: off
@@ -85,9 +87,10 @@ func (c *config) fail(format string, args ...any) {
 }
 
 // WithURL sets the broker, amqp:// or amqps://. Default
-// amqp://guest:guest@127.0.0.1:5672/.
+// amqp://guest:guest@127.0.0.1:5672/, a local broker's: Run logs a warning
+// when it uses it.
 func WithURL(url string) Option {
-	return func(c *config) { c.conn.URLs, c.urlOption = []string{url}, "WithURL" }
+	return func(c *config) { c.conn.URLs, c.urlOption, c.urlSet = []string{url}, "WithURL", true }
 }
 
 // WithURLs sets the nodes of a cluster, amqp:// or amqps:// each (Spring
@@ -108,7 +111,7 @@ func WithURLs(urls ...string) Option {
 				c.conn.URLs = append(c.conn.URLs, u)
 			}
 		}
-		c.urlOption = "WithURLs"
+		c.urlOption, c.urlSet = "WithURLs", true
 	}
 }
 
@@ -314,6 +317,14 @@ func WithProducerAsParent() Option { return func(c *config) { c.producerParent =
 // WithMissingQueueFatal makes a missing queue end Run with ErrQueueNotFound
 // instead of being retried with backoff.
 func WithMissingQueueFatal() Option { return func(c *config) { c.missingFatal = true } }
+
+// WithFailFast makes Run end with the error when its first connection
+// cannot be made (the broker is down or unreachable), as publisher.New
+// does, instead of redialling until it comes: for a service that should
+// fail its start-up, and be restarted, rather than wait. Once connected,
+// losses are redialled as always. A refused login or TLS certificate ends
+// Run with or without it.
+func WithFailFast() Option { return func(c *config) { c.failFast = true } }
 
 // WithRedeliveryLimit protects the fleet from a message that kills the
 // process handling it (out of memory, a crash in cgo, os.Exit in a library,

@@ -183,6 +183,7 @@ func (s *session) fillToMin() error {
 	case s.careful, s.probing:
 		want = 1
 	}
+	defer func() { l.ready.consuming(len(s.active) >= max(want, 1)) }()
 	for len(s.active) < want && !time.Now().Before(s.restartAt) && s.sv.ctx.Err() == nil {
 		if err := s.add(); err != nil {
 			if s.conn.IsClosed() {
@@ -205,6 +206,7 @@ func (s *session) fillToMin() error {
 				}
 				continue
 			}
+			l.ready.set(func(r *readiness) { r.lastErr = err })
 			delay := s.restart.NextBackOff()
 			s.restartAt = time.Now().Add(delay)
 			if missing {
