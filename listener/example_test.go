@@ -93,3 +93,56 @@ func deleteTopology(url string, topo dlx.Topology) {
 	}
 	_ = ch.ExchangeDelete(topo.DLX(), false, false)
 }
+
+// Two queues on one connection, started, made ready and stopped together:
+// a service's listeners in a Group, with WaitReady for its readiness probe
+// instead of polling.
+func ExampleGroup() {
+	url := os.Getenv("AMQP_URL")
+	if url == "" {
+		url = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	orders, refunds := dlx.Topology{Queue: "amqpretry-example.group.orders"}, dlx.Topology{Queue: "amqpretry-example.group.refunds"}
+	defer deleteTopology(url, orders)
+	defer deleteTopology(url, refunds)
+
+	got := make(chan string, 2)
+	handle := func(_ context.Context, d *amqp.Delivery) error { got <- string(d.Body); return nil }
+	var listeners []*listener.Listener
+	for _, topo := range []dlx.Topology{orders, refunds} {
+		l, err := listener.New(topo.Queue, nil, handle, listener.WithDeclare(topo.Declare), listener.WithLogger(quiet))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		listeners = append(listeners, l)
+	}
+	g, err := listener.NewGroup(listeners, listener.WithURL(url), listener.WithLogger(quiet))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	pub, err := publisher.New(url, publisher.WithLogger(quiet))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pub.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	if err := g.WaitReady(ctx); err != nil {
+		fmt.Println(err)
+	}
+	_ = pub.Publish(ctx, "", orders.Queue, amqp.Publishing{Body: []byte("order 42")})
+	fmt.Println(<-got)
+	_ = pub.Publish(ctx, "", refunds.Queue, amqp.Publishing{Body: []byte("refund 7")})
+	fmt.Println(<-got)
+	cancel()
+	fmt.Println("Run returned", <-done)
+	// Output:
+	// order 42
+	// refund 7
+	// Run returned <nil>
+}

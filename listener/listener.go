@@ -218,14 +218,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	if !l.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
-	sv := &supervisor{
-		l:         l,
-		ctx:       ctx,
-		interrupt: make(chan struct{}),
-	}
-	// Handlers outlive ctx by up to the shutdown timeout: they get a context
-	// that keeps ctx's values but is cancelled separately.
-	sv.handlerCtx, sv.cancelHandlers = context.WithCancel(context.WithoutCancel(ctx))
+	sv := newSupervisor(l, ctx)
 	defer sv.cancelHandlers()
 
 	if !l.cfg.urlSet {
@@ -240,6 +233,15 @@ func (l *Listener) Run(ctx context.Context) error {
 	}
 	l.ready.stop(err)
 	return err
+}
+
+// newSupervisor prepares one run of l until ctx is done.
+func newSupervisor(l *Listener, ctx context.Context) *supervisor {
+	sv := &supervisor{l: l, ctx: ctx, interrupt: make(chan struct{})}
+	// Handlers outlive ctx by up to the shutdown timeout: they get a context
+	// that keeps ctx's values but is cancelled separately.
+	sv.handlerCtx, sv.cancelHandlers = context.WithCancel(context.WithoutCancel(ctx))
+	return sv
 }
 
 // supervisor owns one call to Run: it dials and redials, serves each
@@ -373,16 +375,22 @@ func (sv *supervisor) shutdown() {
 }
 
 func (l *Listener) dial(ctx context.Context, dialer *amqpconn.Dialer) (*amqpconn.Conn, error) {
+	return dial(ctx, dialer, "listener")
+}
+
+// dial connects; a refused login or certificate, which redialing cannot
+// change, is fatal. who prefixes the errors.
+func dial(ctx context.Context, dialer *amqpconn.Dialer, who string) (*amqpconn.Conn, error) {
 	conn, err := dialer.Dial(ctx)
 	if err != nil {
 		if url, refusal := amqpconn.LoginRefused(err); refusal != nil {
-			return nil, &fatalError{fmt.Errorf("listener: the broker at %s refused the login: %w", url, refusal)}
+			return nil, &fatalError{fmt.Errorf("%s: the broker at %s refused the login: %w", who, url, refusal)}
 		}
 		if url, cause := amqpconn.TLSRefused(err); cause != nil {
-			return nil, &fatalError{fmt.Errorf("listener: the broker's certificate at %s cannot be verified (give WithTLS the CA that signed it, "+
-				"and a URL with the host name the certificate is for): %w", url, cause)}
+			return nil, &fatalError{fmt.Errorf("%s: the broker's certificate at %s cannot be verified (give WithTLS the CA that signed it, "+
+				"and a URL with the host name the certificate is for): %w", who, url, cause)}
 		}
-		return nil, fmt.Errorf("listener: dial %w", err) // err names each address
+		return nil, fmt.Errorf("%s: dial %w", who, err) // err names each address
 	}
 	return conn, nil
 }

@@ -17,9 +17,8 @@ import (
 
 // serve consumes on one connection until ctx is done (it then shuts down and
 // returns nil), the connection is lost (it returns the loss), or something
-// fatal happens.
+// fatal happens. It closes the connection when it returns.
 func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
-	l := sv.l
 	if ctx.Err() != nil {
 		conn.Abandon()
 		return nil
@@ -29,12 +28,28 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 	// shutdown, so the socket goes first.
 	defer conn.Abandon()
 	defer sv.closeBounded(conn.Close)
+	return sv.serveOn(ctx, conn)
+}
+
+// serveOn is serve on a connection it does not own (a Group's): it leaves
+// the connection open, and when it returns for something fatal it stops
+// its consumers first, since the connection lives on for the others.
+func (sv *supervisor) serveOn(ctx context.Context, conn *amqpconn.Conn) (err error) {
+	l := sv.l
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 
 	if err := sv.declare(conn.Connection); err != nil {
 		return err
 	}
 	s := &session{sv: sv, conn: conn.Connection, ended: make(chan *consumer, l.cfg.max), calm: make(chan struct{}, 1)}
+	defer func() {
+		if err != nil && !conn.IsClosed() {
+			for _, c := range s.active {
+				c.stop()
+			}
+			sv.interruptAll()
+		}
+	}()
 	if l.killSwitch != nil && l.killSwitch.resumeTripped(time.Now()) {
 		s.tripped = true // the probe comes on the next tick that finds it due
 	} else if l.cfg.redeliveryLimit > 0 {

@@ -1,0 +1,247 @@
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/amqpretry/amqpretry/internal/amqpconn"
+	"github.com/amqpretry/amqpretry/internal/amqpurl"
+	"github.com/amqpretry/amqpretry/internal/errtext"
+)
+
+// Group runs several listeners on one connection, as RabbitMQ advises (one
+// channel per consumer, a connection per process): they start together,
+// reconnect together after a loss (one dial, one backoff), shut down
+// together, and Run returns the first error that ends any of them. It is
+// Spring AMQP's shared connection factory, or Watermill's Router; several
+// queues through one handler are several listeners with the same handler
+// in one Group.
+//
+//	orders, _ := listener.New("orders", chain, handleOrder)
+//	refunds, _ := listener.New("refunds", chain, handleRefund, listener.WithConcurrentConsumers(2))
+//	g, err := listener.NewGroup([]*listener.Listener{orders, refunds}, listener.WithURL(url))
+//	err = g.Run(ctx)
+//
+// Each listener keeps its own chain, consumers, scaling, declarations,
+// kill switch, telemetry and Stats; the connection is the group's, so the
+// listeners' own connection options (WithURL, WithTLS, WithHeartbeat, ...)
+// are not used: give them to NewGroup. Publishing stays on a connection of
+// its own (publisher.New), as RabbitMQ advises.
+type Group struct {
+	listeners []*Listener
+	cfg       config
+	redacted  string
+}
+
+// NewGroup checks the listeners and the group's connection options
+// (WithURL or WithURLs, WithTLS, WithHeartbeat, WithConnectionName,
+// WithLogger, WithFailFast; other options are refused) and returns the
+// Group; it does not connect (Run does). A listener may be in one Group and
+// must not be run on its own as well.
+func NewGroup(listeners []*Listener, opts ...Option) (*Group, error) {
+	cfg := defaultConfig()
+	cfg.conn.Name = "amqpretry listener group"
+	base := cfg
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if len(listeners) == 0 {
+		cfg.fail("NewGroup expects at least one listener")
+	}
+	seen := map[*Listener]bool{}
+	for i, l := range listeners {
+		switch {
+		case l == nil:
+			cfg.fail("NewGroup expects non-nil listeners, got nil at index %d", i)
+		case seen[l]:
+			cfg.fail("NewGroup got the listener of queue %q twice", l.queue)
+		}
+		seen[l] = true
+	}
+	for _, url := range cfg.conn.URLs {
+		if _, err := amqpurl.Parse(url); err != nil {
+			cfg.fail("%s: %v", cfgOr(cfg.urlOption, "WithURL"), err)
+		}
+	}
+	for _, url := range cfg.conn.PlaintextDespiteTLS() {
+		cfg.fail("WithTLS: %s is amqp://, which never uses TLS: use amqps:// (port 5671 by default) or drop WithTLS", url)
+	}
+	if unused := cfg.onlyConnectionOptions(base); unused != "" {
+		cfg.fail("NewGroup takes connection options only; %s belongs to each listener's New", unused)
+	}
+	if len(cfg.errs) > 0 {
+		return nil, errors.Join(cfg.errs...)
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	return &Group{listeners: append([]*Listener(nil), listeners...), cfg: cfg, redacted: cfg.conn.Redacted()}, nil
+}
+
+// Run connects, runs every listener on the connection and redials after a
+// loss, until ctx is done; then each listener shuts down as its Run would
+// (within its own WithShutdownTimeout, all at once) and Run returns nil.
+// What ends one listener's Run (a refused login or declaration, a consume
+// the broker refuses, a missing queue with WithMissingQueueFatal) shuts
+// the others down too, and Run returns that error. Every goroutine it
+// started has ended when it returns.
+func (g *Group) Run(ctx context.Context) error {
+	for i, l := range g.listeners {
+		if !l.running.CompareAndSwap(false, true) {
+			for _, started := range g.listeners[:i] {
+				started.running.Store(false)
+			}
+			return fmt.Errorf("%w: the listener of queue %q", ErrAlreadyRunning, l.queue)
+		}
+	}
+	runCtx, stopAll := context.WithCancel(ctx)
+	defer stopAll()
+	svs := make([]*supervisor, len(g.listeners))
+	for i, l := range g.listeners {
+		svs[i] = newSupervisor(l, runCtx)
+		defer svs[i].cancelHandlers()
+	}
+	if !g.cfg.urlSet {
+		g.cfg.logger.Warn("listener group: no WithURL or WithURLs: consuming from the default broker", "url", g.redacted)
+	}
+	err := g.loop(runCtx, stopAll, svs)
+	var wg sync.WaitGroup
+	for _, sv := range svs {
+		wg.Add(1)
+		go func() { defer wg.Done(); sv.shutdown() }()
+	}
+	wg.Wait()
+	for _, sv := range svs {
+		sv.closers.Wait()
+	}
+	var fatal *fatalError
+	if errors.As(err, &fatal) {
+		err = fatal.err
+	}
+	for _, l := range g.listeners {
+		l.ready.stop(err)
+	}
+	return err
+}
+
+// WaitReady blocks until every listener of the group is ready (see
+// Listener.WaitReady), ctx ends, or Run returns.
+func (g *Group) WaitReady(ctx context.Context) error {
+	for _, l := range g.listeners {
+		if err := l.WaitReady(ctx); err != nil {
+			return fmt.Errorf("listener group: queue %q: %w", l.queue, err)
+		}
+	}
+	return nil
+}
+
+// Listeners returns the group's listeners, in the order given.
+func (g *Group) Listeners() []*Listener { return append([]*Listener(nil), g.listeners...) }
+
+// loop is supervisor.loop for a shared connection.
+func (g *Group) loop(ctx context.Context, stopAll context.CancelFunc, svs []*supervisor) error {
+	redial := amqpconn.NewRedialer()
+	dialer := amqpconn.NewDialer(g.cfg.conn)
+	everConnected := false
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		conn, err := dial(ctx, dialer, "listener group")
+		if err != nil && g.cfg.failFast && !everConnected && !isFatal(err) {
+			err = &fatalError{fmt.Errorf("%w (WithFailFast: the first connection must succeed)", err)}
+		}
+		if err == nil {
+			everConnected = true
+			g.cfg.logger.Info("listener group: connected", "listeners", len(svs), "url", conn.RedactedURL)
+			var consumed bool
+			err, consumed = g.serve(ctx, stopAll, conn, svs)
+			if consumed {
+				redial.Reset()
+			}
+		}
+		for _, sv := range svs {
+			sv.l.ready.lost(err)
+		}
+		switch {
+		case isFatal(err):
+			return err
+		case ctx.Err() != nil, err == nil:
+			return nil
+		}
+		delay := redial.Next()
+		g.cfg.logger.Warn("listener group: connection problem; redialing", "url", g.redacted, "error", errtext.String(err), "retry_in", delay)
+		if amqpconn.Sleep(ctx, delay) != nil {
+			return nil
+		}
+	}
+}
+
+// serve runs every listener on conn until all have returned: a lost
+// connection ends them all; a fatal error of one stops the others
+// (stopAll), which shut down gracefully, and is returned. consumed: some
+// listener got as far as consuming.
+func (g *Group) serve(ctx context.Context, stopAll context.CancelFunc, conn *amqpconn.Conn, svs []*supervisor) (err error, consumed bool) {
+	defer conn.Abandon()
+	defer svs[0].closeBounded(conn.Close)
+	errs := make(chan error, len(svs))
+	for _, sv := range svs {
+		sv.consumed = false
+		sv.l.ready.connected()
+		go func() { errs <- sv.serveOn(ctx, conn) }()
+	}
+	for range svs {
+		e := <-errs
+		switch {
+		case isFatal(e) && !isFatal(err):
+			err = e
+			stopAll() // the others shut down; Run returns this
+		case e != nil && err == nil:
+			err = e
+		}
+	}
+	for _, sv := range svs {
+		consumed = consumed || sv.consumed
+	}
+	return err, consumed
+}
+
+// onlyConnectionOptions names an option given to NewGroup that is not a
+// connection option, "" if none: it would be silently unused.
+func (c config) onlyConnectionOptions(base config) string {
+	switch {
+	case c.min != base.min, c.maxSet:
+		return "WithConcurrentConsumers or WithMaxConcurrentConsumers"
+	case c.prefetch != base.prefetch:
+		return "WithPrefetch"
+	case c.declare != nil:
+		return "WithDeclare"
+	case c.shutdownTimeout != base.shutdownTimeout:
+		return "WithShutdownTimeout"
+	case c.consumerTimeout != base.consumerTimeout, c.consumerTimeoutArg != 0:
+		return "WithConsumerTimeout or WithConsumerTimeoutArgument"
+	case c.requeueDelay != base.requeueDelay, c.requeueDelayMax != base.requeueDelayMax:
+		return "WithRequeueDelay"
+	case c.redeliveryLimit != 0:
+		return "WithRedeliveryLimit"
+	case c.killSwitch != nil:
+		return "WithKillSwitch"
+	case c.missingFatal:
+		return "WithMissingQueueFatal"
+	case c.scaleInterval != base.scaleInterval, c.idleTimeout != base.idleTimeout:
+		return "WithScaleInterval or WithIdleTimeout"
+	case c.telemetry.TracerProvider != nil, c.telemetry.MeterProvider != nil, c.telemetry.Propagators != nil, c.producerParent:
+		return "a telemetry option"
+	}
+	return ""
+}
+
+func cfgOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
