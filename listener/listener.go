@@ -419,3 +419,6 @@ func (l *Listener) recovered(dd *delivery) {
 	l.cfg.logger.Warn("listener: message dead-lettered", "queue", l.queue, "message_id", dd.MessageId, "to", dd.recoveredTo,
 		"attempts", dd.attempts, "error_type", middleware.ErrorType(dd.failedFor), "error", errtext.String(middleware.HandlerError(dd.failedFor)))
 }
+
+// Queue is the queue the listener consumes.
+func (l *Listener) Queue() string { return l.queue }
