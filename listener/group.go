@@ -158,7 +158,7 @@ func (g *Group) loop(ctx context.Context, stopAll context.CancelFunc, svs []*sup
 			everConnected = true
 			g.cfg.logger.Info("listener group: connected", "listeners", len(svs), "url", conn.RedactedURL)
 			var consumed bool
-			err, consumed = g.serve(ctx, stopAll, conn, svs)
+			consumed, err = g.serve(ctx, stopAll, conn, svs)
 			if consumed {
 				redial.Reset()
 			}
@@ -184,7 +184,7 @@ func (g *Group) loop(ctx context.Context, stopAll context.CancelFunc, svs []*sup
 // connection ends them all; a fatal error of one stops the others
 // (stopAll), which shut down gracefully, and is returned. consumed: some
 // listener got as far as consuming.
-func (g *Group) serve(ctx context.Context, stopAll context.CancelFunc, conn *amqpconn.Conn, svs []*supervisor) (err error, consumed bool) {
+func (g *Group) serve(ctx context.Context, stopAll context.CancelFunc, conn *amqpconn.Conn, svs []*supervisor) (consumed bool, err error) {
 	defer conn.Abandon()
 	defer svs[0].closeBounded(conn.Close)
 	errs := make(chan error, len(svs))
@@ -206,7 +206,7 @@ func (g *Group) serve(ctx context.Context, stopAll context.CancelFunc, conn *amq
 	for _, sv := range svs {
 		consumed = consumed || sv.consumed
 	}
-	return err, consumed
+	return consumed, err
 }
 
 // onlyConnectionOptions names an option given to NewGroup that is not a

@@ -16,13 +16,13 @@ import (
 )
 
 // runFor runs l until it returns or the timeout passes, and says which.
-func runFor(t *testing.T, l *listener.Listener, timeout time.Duration) (err error, took time.Duration, returned bool) {
+func runFor(t *testing.T, l *listener.Listener, timeout time.Duration) (took time.Duration, returned bool, err error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	begin := time.Now()
 	err = l.Run(ctx)
-	return err, time.Since(begin), ctx.Err() == nil
+	return time.Since(begin), ctx.Err() == nil, err
 }
 
 // Moving an existing classic queue to the layout the README recommends,
@@ -40,7 +40,7 @@ func TestDeclareConflictThroughTheTopologyEndsRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err, took, returned := runFor(t, l, 20*time.Second)
+	took, returned, err := runFor(t, l, 20*time.Second)
 	if !returned {
 		t.Fatalf("Run did not return within 20s; it logged:\n%s", log.String())
 	}
@@ -98,7 +98,7 @@ func TestConsumeWithoutReadPermissionEndsRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err, took, returned := runFor(t, l, 20*time.Second)
+	took, returned, err := runFor(t, l, 20*time.Second)
 	var refused *listener.ConsumeRefusedError
 	if !returned || !errors.As(err, &refused) || refused.Err.Code != amqp.AccessRefused || !strings.Contains(err.Error(), "read permission") {
 		t.Fatalf("Run = %v after %v, want a *ConsumeRefusedError (403) naming the read permission", err, took)
@@ -122,7 +122,7 @@ func TestDeclareWithoutConfigurePermissionEndsRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err, took, returned := runFor(t, l, 20*time.Second)
+	took, returned, err := runFor(t, l, 20*time.Second)
 	var aerr *amqp.Error
 	if !returned || !errors.As(err, &aerr) || aerr.Code != amqp.AccessRefused {
 		t.Fatalf("Run = %v after %v, want the broker's 403 at once", err, took)
