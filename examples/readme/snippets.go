@@ -213,3 +213,34 @@ func LongHandlers(dlq middleware.Recoverer) middleware.Middleware {
 	chain := middleware.Chain(middleware.Retry(3), middleware.Recover(dlq), middleware.Timeout(2*time.Minute))
 	return chain
 }
+
+// DelayedRedelivery is the README's "The broker's own delayed retry".
+func DelayedRedelivery(ctx context.Context, url string, pub *publisher.Publisher, handle middleware.Handler) error {
+	topo := dlx.Topology{
+		Queue: "payments", Type: dlx.Quorum,
+		DelayedRedelivery: &dlx.DelayedRedelivery{Redeliveries: 5, Min: 10 * time.Second, Max: time.Minute},
+	}
+	chain := middleware.Chain(
+		middleware.Retry(3),                     // 1s, 2s in memory
+		middleware.Recover(topo.Redeliver(pub)), // then the broker: 10s, 20s, 30s, 40s, 50s, then the DLQ
+	)
+	l, err := listener.New("payments", chain, handle, listener.WithURL(url), listener.WithDeclare(topo.Declare))
+	if err != nil {
+		return err
+	}
+	return l.Run(ctx)
+}
+
+// Group is the README's "Several queues in one service".
+func Group(ctx context.Context, url string, chain middleware.Middleware, handleOrder, handleRefund middleware.Handler,
+	ordersTopo, refundsTopo dlx.Topology, errc chan<- error) error {
+	orders, _ := listener.New("orders", chain, handleOrder, listener.WithDeclare(ordersTopo.Declare))
+	refunds, _ := listener.New("refunds", chain, handleRefund, listener.WithDeclare(refundsTopo.Declare))
+	g, err := listener.NewGroup([]*listener.Listener{orders, refunds}, listener.WithURL(url), listener.WithFailFast())
+	if err != nil {
+		return err
+	}
+	go func() { errc <- g.Run(ctx) }()
+	err = g.WaitReady(ctx) // consuming: the broker shows the consumers
+	return err
+}
