@@ -16,8 +16,12 @@ import (
 // defaultURL is the broker scripts/broker.sh starts.
 const defaultURL = "amqp://guest:guest@127.0.0.1:5672/"
 
-// defaultRetryURL is the RabbitMQ 4.3 broker scripts/rabbit4.sh 4.3 starts.
-const defaultRetryURL = "amqp://guest:guest@127.0.0.1:5674/"
+// defaultRetryURL is the RabbitMQ 4.3 broker scripts/rabbit4.sh 4.3 starts,
+// and defaultRetryCtl its rabbitmqctl, from bench/ (where make bench runs).
+const (
+	defaultRetryURL = "amqp://guest:guest@127.0.0.1:5674/"
+	defaultRetryCtl = "../scripts/rabbit4.sh 4.3 ctl"
+)
 
 // fillBatch is how many messages fill publishes before it waits for a
 // confirm: amqp091 scans every outstanding confirm on each multiple ack, so

@@ -19,6 +19,9 @@ const (
 	sectionChain      = "chain"
 	sectionOutbox     = "outbox"
 	sectionRetry      = "retry"
+	// partRetryMemory is the retry section's parked-messages part, which
+	// -skip can leave out alone.
+	partRetryMemory = "retry-memory"
 )
 
 var sections = []string{sectionThroughput, sectionPoison, sectionSchedule, sectionScale, sectionChain, sectionOutbox, sectionRetry}
@@ -50,10 +53,14 @@ type Config struct {
 	// poison-flood run writes a CPU and an allocation profile.
 	Profile string
 
-	// RetryURL is the RabbitMQ 4.3 broker of the retry section.
+	// RetryURL is the RabbitMQ 4.3 broker of the retry section; RetryCtl
+	// the rabbitmqctl command that reaches its node, split at spaces.
 	RetryURL string
-	// RetryMessages is the messages of each retry-flood run.
+	RetryCtl string
+	// RetryMessages is the messages of each retry-flood run, RetryParked
+	// those parked in a long delay for the memory measurement.
 	RetryMessages int
+	RetryParked   int
 }
 
 func defaultConfig() Config {
@@ -77,9 +84,11 @@ func defaultConfig() Config {
 		Skip:                  map[string]bool{},
 
 		RetryURL: defaultRetryURL,
+		RetryCtl: defaultRetryCtl,
 		// Each message of the flood is delivered or attempted three
 		// times: 20000 make a run of a few seconds.
 		RetryMessages: 20000,
+		RetryParked:   100000,
 	}
 }
 
@@ -117,6 +126,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("-outbox-latency-messages expects at least 1, got %d", c.OutboxLatencyMessages)
 	case c.RetryMessages < 1:
 		return fmt.Errorf("-retry-messages expects at least 1, got %d", c.RetryMessages)
+	case c.RetryParked < 1:
+		return fmt.Errorf("-retry-parked expects at least 1, got %d", c.RetryParked)
 	case c.Out == "":
 		return fmt.Errorf("-out expects a directory")
 	}

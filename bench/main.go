@@ -5,7 +5,7 @@
 // publishing with its commit-to-publish latency (on PostgreSQL, $DATABASE_URL),
 // and, on a RabbitMQ 4.3 broker (-retry-url), a flood of messages that each
 // fail twice through the broker's delayed retry, TTL tiers and local
-// retries. It prints a markdown report and writes
+// retries, with the memory of messages parked in a delay. It prints a markdown report and writes
 // results.json (every sample) and throughput.png into -out.
 //
 //	make bench                           # the broker, then the defaults below
@@ -64,7 +64,9 @@ func main() {
 	flag.IntVar(&cfg.OutboxMessages, "outbox-messages", cfg.OutboxMessages, "rows per outbox throughput run (relay and raw publish as many)")
 	flag.IntVar(&cfg.OutboxLatencyMessages, "outbox-latency-messages", cfg.OutboxLatencyMessages, "orders committed one by one for the commit-to-publish latency")
 	flag.StringVar(&cfg.RetryURL, "retry-url", cfg.RetryURL, "the RabbitMQ 4.3 broker of the retry section (skipped, with a note, if it does not answer or is older)")
+	flag.StringVar(&cfg.RetryCtl, "retry-ctl", cfg.RetryCtl, "the rabbitmqctl command that reaches -retry-url's node, for its queues' memory (empty: none)")
 	flag.IntVar(&cfg.RetryMessages, "retry-messages", cfg.RetryMessages, "messages per retry-flood run (each fails twice, then succeeds)")
+	flag.IntVar(&cfg.RetryParked, "retry-parked", cfg.RetryParked, "messages parked in a long delay for the retry section's memory measurement")
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "directory for results.json and throughput.png")
 	flag.StringVar(&cfg.Profile, "profile", "", "directory for a CPU and an allocation profile of every throughput and poison-flood run (slows them)")
 	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(append(variantNames(), retryVariantNames()...))+") to leave out")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -332,8 +333,8 @@ func writeGoals(w io.Writer, goals []Goal) {
 	fmt.Fprintf(w, "**Goals of issue 15, %d of %d met:** %s.\n\n", met, len(goals), strings.Join(parts, "; "))
 }
 
-// writeRetry prints the retry section: the flood's table and goals and the
-// waits' accuracy, or why it was skipped.
+// writeRetry prints the retry section: the flood's table and goals, the
+// waits' accuracy and the parked messages' memory, or why it was skipped.
 func writeRetry(w io.Writer, rr *RetryResult, set Settings) {
 	if rr.Skipped != "" {
 		fmt.Fprintf(w, "## Retry flood: skipped\n\nSkipped: %s.\n\n", rr.Skipped)
@@ -370,4 +371,36 @@ func writeRetry(w io.Writer, rr *RetryResult, set Settings) {
 		}
 		fmt.Fprintln(w)
 	}
+	if p := rr.Parked; p != nil {
+		fmt.Fprintf(w, "### %d messages parked in a %.0f s delay\n\n", p.Messages, p.DelaySeconds)
+		fmt.Fprintln(w, "| variant | parked in s | queue memory before → after | per message | node memory before → after | per message | broker RSS before → after | per message |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+		for _, v := range p.Variants {
+			fmt.Fprintf(w, "| %s | %.1f | %s → %s | %s | %s → %s | %s | %s → %s | %s |\n", v.Name, v.ParkSeconds,
+				bytesText(v.QueueMemoryBefore), bytesText(v.QueueMemoryAfter), perMessage(v.QueueMemoryBefore, v.QueueMemoryAfter, p.Messages),
+				bytesText(v.NodeMemoryBefore), bytesText(v.NodeMemoryAfter), perMessage(v.NodeMemoryBefore, v.NodeMemoryAfter, p.Messages),
+				bytesText(v.RSSBefore), bytesText(v.RSSAfter), perMessage(v.RSSBefore, v.RSSAfter, p.Messages))
+		}
+		fmt.Fprintln(w)
+		memory := fmt.Sprintf("Queue memory is `%s list_queues memory` summed over the topology's queues (work queue, DLQ, tier); "+
+			"node memory is the broker's Erlang VM's, `%s eval 'erlang:memory(total).'`", p.Ctl, p.Ctl)
+		if p.CtlError != "" {
+			memory = fmt.Sprintf("Queue and node memory are not known: %s", p.CtlError)
+		}
+		fmt.Fprintf(w, "%s; broker RSS is the broker process's VmRSS; each with the topology declared and empty, then with every message parked. "+
+			"The variants run one after the other, on a broker others may use; the VM keeps memory it has freed, so the RSS difference is a rough guide.\n\n", memory)
+		for _, v := range p.Variants {
+			fmt.Fprintf(w, "- **%s**: %s\n", v.Name, v.About)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// perMessage is the growth from before to after, per message, in bytes; a
+// dash when either is unknown.
+func perMessage(before, after int64, n int) string {
+	if before < 0 || after < 0 || n <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%d B", int64(math.Round(float64(after-before)/float64(n))))
 }

@@ -43,8 +43,8 @@ const (
 // errFlaky is what a handler of the flood returns on a failing attempt.
 var errFlaky = errors.New("bench: flaky message, fails twice then succeeds")
 
-// RetryResult is the retry section: the flood and the waits as the handler
-// saw them.
+// RetryResult is the retry section: the flood, the waits as the handler saw
+// them, and the broker's memory with messages parked in a long delay.
 type RetryResult struct {
 	URL    string `json:"url"`              // the password hidden
 	Broker string `json:"broker,omitempty"` // "RabbitMQ 4.3.6"
@@ -54,6 +54,7 @@ type RetryResult struct {
 	Failures int            `json:"failures_per_message"`
 	Flood    *Comparison    `json:"flood,omitempty"`
 	Waits    []WaitAccuracy `json:"wait_accuracy,omitempty"`
+	Parked   *ParkedMemory  `json:"parked,omitempty"`
 	Goals    []Goal         `json:"goals,omitempty"`
 }
 
@@ -121,16 +122,23 @@ func measureRetry(ctx context.Context, cfg Config) (*RetryResult, error) {
 		}
 		res.Goals = retryGoals(res.Flood)
 	}
+	if !cfg.Skip[partRetryMemory] {
+		cfg.logf("retry: %d messages parked in a %v delay, delayed retry against a TTL tier", cfg.RetryParked, parkDelay)
+		if res.Parked, err = measureParked(ctx, e); err != nil {
+			return nil, fmt.Errorf("parked messages: %w", err)
+		}
+	}
 	return res, nil
 }
 
-// retryVariantNames are the flood's variants, by the names -skip takes.
+// retryVariantNames are the flood's variants and the memory part, by the
+// names -skip takes.
 func retryVariantNames() []string {
 	var names []string
 	for _, v := range (&retryBench{}).variants(&env{}) {
 		names = append(names, v.name)
 	}
-	return names
+	return append(names, partRetryMemory)
 }
 
 // retryBench holds what the flood's runs share: the timed waits, per variant.

@@ -70,7 +70,11 @@ func TestSmoke(t *testing.T) {
 	cfg.Profile = filepath.Join(cfg.Out, "profiles")
 	cfg.Skip = map[string]bool{sectionSchedule: true}
 	cfg.OutboxMessages, cfg.OutboxLatencyMessages = 300, 20
-	cfg.RetryMessages = 200
+	cfg.RetryMessages, cfg.RetryParked = 200, 300
+	// Without rabbitmqctl the parked messages are counted by passive
+	// declares, at once, instead of waiting seconds for the broker's
+	// statistics; TestRabbitmqctlListsQueueMemory covers rabbitmqctl.
+	cfg.RetryCtl = ""
 	if cfg.DSN = requireDB(t); cfg.DSN == "" {
 		cfg.Skip[sectionOutbox] = true
 	}
@@ -202,8 +206,20 @@ func checkRetrySmoke(t *testing.T, rr *RetryResult, report string, rounds int) {
 			t.Errorf("retry waits of %s: %+v", w.Variant, w)
 		}
 	}
+	p := rr.Parked
+	if p == nil || len(p.Variants) != 2 {
+		t.Fatalf("parked: %+v", p)
+	}
+	for _, v := range p.Variants {
+		if v.ParkSeconds <= 0 || v.QueueMemoryAfter != -1 || v.RSSBefore <= 0 || v.RSSAfter <= 0 {
+			t.Errorf("parked %s: %+v", v.Name, v)
+		}
+	}
+	if p.CtlError != "no -retry-ctl command" || !strings.Contains(report, "Queue and node memory are not known: no -retry-ctl command") {
+		t.Errorf("parked without rabbitmqctl: %q", p.CtlError)
+	}
 	for _, want := range []string{"## Retry flood on RabbitMQ 4.", "| raw-delayed |", "| delayed |", "| raw-tiers |", "| tiers |", "| local-retry |",
-		"| CPU vs raw-delayed |", "Goals of the retry flood", "median error ms"} {
+		"| CPU vs raw-delayed |", "Goals of the retry flood", "median error ms", "messages parked in a 60 s delay"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("the report lacks %q:\n%s", want, report)
 		}
