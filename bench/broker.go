@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -14,6 +15,13 @@ import (
 
 // defaultURL is the broker scripts/broker.sh starts.
 const defaultURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+// defaultRetryURL is the RabbitMQ 4.3 broker scripts/rabbit4.sh 4.3 starts,
+// and defaultRetryCtl its rabbitmqctl, from bench/ (where make bench runs).
+const (
+	defaultRetryURL = "amqp://guest:guest@127.0.0.1:5674/"
+	defaultRetryCtl = "../scripts/rabbit4.sh 4.3 ctl"
+)
 
 // fillBatch is how many messages fill publishes before it waits for a
 // confirm: amqp091 scans every outstanding confirm on each multiple ack, so
@@ -124,6 +132,15 @@ func (b *broker) inspect(name string) (amqp.Queue, error) {
 // fill publishes n small transient messages to queue q and waits until the
 // broker has confirmed every one: it is set-up, never measured.
 func (b *broker) fill(ctx context.Context, q string, n int) error {
+	return b.publishN(ctx, q, n, false)
+}
+
+// fillIDs is fill with message ids, the decimal numbers 0 to n-1.
+func (b *broker) fillIDs(ctx context.Context, q string, n int) error {
+	return b.publishN(ctx, q, n, true)
+}
+
+func (b *broker) publishN(ctx context.Context, q string, n int, ids bool) error {
 	return b.withChannel(func(ch *amqp.Channel) error {
 		if err := ch.Confirm(false); err != nil {
 			return err
@@ -132,7 +149,11 @@ func (b *broker) fill(ctx context.Context, q string, n int) error {
 		for sent := 0; sent < n; {
 			var last *amqp.DeferredConfirmation
 			for end := min(sent+fillBatch, n); sent < end; sent++ {
-				dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, amqp.Publishing{Body: body})
+				msg := amqp.Publishing{Body: body}
+				if ids {
+					msg.MessageId = strconv.Itoa(sent)
+				}
+				dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, msg)
 				if err != nil {
 					return fmt.Errorf("fill %s: %w", q, err)
 				}

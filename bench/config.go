@@ -18,9 +18,13 @@ const (
 	sectionScale      = "scale"
 	sectionChain      = "chain"
 	sectionOutbox     = "outbox"
+	sectionRetry      = "retry"
+	// partRetryMemory is the retry section's parked-messages part, which
+	// -skip can leave out alone.
+	partRetryMemory = "retry-memory"
 )
 
-var sections = []string{sectionThroughput, sectionPoison, sectionSchedule, sectionScale, sectionChain, sectionOutbox}
+var sections = []string{sectionThroughput, sectionPoison, sectionSchedule, sectionScale, sectionChain, sectionOutbox, sectionRetry}
 
 // Config is everything one run needs. main fills it from flags; the smoke
 // test fills it with tiny numbers.
@@ -48,6 +52,15 @@ type Config struct {
 	// Profile, when set, is the directory where every throughput and
 	// poison-flood run writes a CPU and an allocation profile.
 	Profile string
+
+	// RetryURL is the RabbitMQ 4.3 broker of the retry section; RetryCtl
+	// the rabbitmqctl command that reaches its node, split at spaces.
+	RetryURL string
+	RetryCtl string
+	// RetryMessages is the messages of each retry-flood run, RetryParked
+	// those parked in a long delay for the memory measurement.
+	RetryMessages int
+	RetryParked   int
 }
 
 func defaultConfig() Config {
@@ -69,13 +82,20 @@ func defaultConfig() Config {
 		OutboxLatencyMessages: 500,
 		Out:                   "results",
 		Skip:                  map[string]bool{},
+
+		RetryURL: defaultRetryURL,
+		RetryCtl: defaultRetryCtl,
+		// Each message of the flood is delivered or attempted three
+		// times: 20000 make a run of a few seconds.
+		RetryMessages: 20000,
+		RetryParked:   100000,
 	}
 }
 
 // parseSkip reads -skip's comma list and rejects names it does not know, so
 // that a typo does not silently run everything.
 func parseSkip(list string) (map[string]bool, error) {
-	known := append(slices.Clone(sections), variantNames()...)
+	known := append(append(slices.Clone(sections), variantNames()...), retryVariantNames()...)
 	skip := map[string]bool{}
 	for _, name := range strings.Split(list, ",") {
 		name = strings.TrimSpace(name)
@@ -104,6 +124,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("-outbox-messages expects at least 1, got %d", c.OutboxMessages)
 	case c.OutboxLatencyMessages < 1:
 		return fmt.Errorf("-outbox-latency-messages expects at least 1, got %d", c.OutboxLatencyMessages)
+	case c.RetryMessages < 1:
+		return fmt.Errorf("-retry-messages expects at least 1, got %d", c.RetryMessages)
+	case c.RetryParked < 1:
+		return fmt.Errorf("-retry-parked expects at least 1, got %d", c.RetryParked)
 	case c.Out == "":
 		return fmt.Errorf("-out expects a directory")
 	}

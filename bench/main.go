@@ -1,13 +1,17 @@
 // Command bench measures amqpretry against raw amqp091-go and Watermill on a
 // live RabbitMQ broker: happy-path throughput, a poison flood to the DLQ, the
 // retry schedule's accuracy, the listener's scale-up time, the chain's
-// per-message overhead, and the outbox relay against raw confirmed
-// publishing with its commit-to-publish latency (on PostgreSQL, $DATABASE_URL). It prints a markdown report and writes
+// per-message overhead, the outbox relay against raw confirmed
+// publishing with its commit-to-publish latency (on PostgreSQL, $DATABASE_URL),
+// and, on a RabbitMQ 4.3 broker (-retry-url), a flood of messages that each
+// fail twice through the broker's delayed retry, TTL tiers and local
+// retries, with the memory of messages parked in a delay. It prints a markdown report and writes
 // results.json (every sample) and throughput.png into -out.
 //
 //	make bench                           # the broker, then the defaults below
 //	go run . -rounds 1 -messages 5000 -skip schedule,watermill
-//	go run . -out /tmp/outbox -skip throughput,poison,schedule,scale,chain   # the outbox alone
+//	go run . -out /tmp/outbox -skip throughput,poison,schedule,scale,chain,retry   # the outbox alone
+//	go run . -out /tmp/retry -skip throughput,poison,schedule,scale,chain,outbox   # the retry section alone
 //
 // Throughput and poison-flood runs are interleaved, each round starting one
 // variant further along (raw, listener, listener-otel, otel-floor, watermill;
@@ -59,9 +63,13 @@ func main() {
 	flag.DurationVar(&cfg.Settle, "settle", cfg.Settle, "pause after filling a queue, before measuring")
 	flag.IntVar(&cfg.OutboxMessages, "outbox-messages", cfg.OutboxMessages, "rows per outbox throughput run (relay and raw publish as many)")
 	flag.IntVar(&cfg.OutboxLatencyMessages, "outbox-latency-messages", cfg.OutboxLatencyMessages, "orders committed one by one for the commit-to-publish latency")
+	flag.StringVar(&cfg.RetryURL, "retry-url", cfg.RetryURL, "the RabbitMQ 4.3 broker of the retry section (skipped, with a note, if it does not answer or is older)")
+	flag.StringVar(&cfg.RetryCtl, "retry-ctl", cfg.RetryCtl, "the rabbitmqctl command that reaches -retry-url's node, for its queues' memory (empty: none)")
+	flag.IntVar(&cfg.RetryMessages, "retry-messages", cfg.RetryMessages, "messages per retry-flood run (each fails twice, then succeeds)")
+	flag.IntVar(&cfg.RetryParked, "retry-parked", cfg.RetryParked, "messages parked in a long delay for the retry section's memory measurement")
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "directory for results.json and throughput.png")
 	flag.StringVar(&cfg.Profile, "profile", "", "directory for a CPU and an allocation profile of every throughput and poison-flood run (slows them)")
-	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(variantNames())+") to leave out")
+	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(append(variantNames(), retryVariantNames()...))+") to leave out")
 	flag.Parse()
 	var err error
 	if cfg.Skip, err = parseSkip(*skip); err == nil {
@@ -140,6 +148,15 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 		cfg.logf("outbox: relay against raw confirmed publishing, %d messages", cfg.OutboxMessages)
 		if r.Outbox, err = measureOutbox(ctx, e); err != nil {
 			return nil, fmt.Errorf("outbox: %w", err)
+		}
+	}
+	if !cfg.Skip[sectionRetry] {
+		cfg.logf("retry flood on %s: %d messages, each failing %d times, %v waits", redact(cfg.RetryURL), cfg.RetryMessages, retryFailures, retryDelay)
+		if r.Retry, err = measureRetry(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("retry: %w", err)
+		}
+		if r.Retry.Skipped != "" {
+			cfg.logf("retry: skipped: %s", r.Retry.Skipped)
 		}
 	}
 	if !cfg.Skip[sectionSchedule] {

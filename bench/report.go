@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -21,6 +22,7 @@ type Results struct {
 	ScaleUp    *ScaleUp       `json:"scale_up,omitempty"`
 	Chain      *ChainOverhead `json:"chain_overhead,omitempty"`
 	Outbox     *OutboxResult  `json:"outbox,omitempty"`
+	Retry      *RetryResult   `json:"retry,omitempty"`
 	Goals      []Goal         `json:"goals,omitempty"`
 	WallSecs   float64        `json:"wall_seconds"`
 }
@@ -148,6 +150,9 @@ func writeMarkdown(w io.Writer, r *Results) {
 		fmt.Fprintf(w, "Commit to confirmed publish (the row's sent_at), %d orders committed one by one at %.0f/s, relay polling every %.0fms: "+
 			"p50 %.1fms, p90 %.1fms, p99 %.1fms, max %.1fms.\n\n", l.Messages, l.RatePerSec, l.PollIntervalMS, l.P50MS, l.P90MS, l.P99MS, l.MaxMS)
 	}
+	if rr := r.Retry; rr != nil {
+		writeRetry(w, rr, r.Settings)
+	}
 	fmt.Fprintf(w, "Total wall time %.0fs.\n", r.WallSecs)
 }
 
@@ -259,8 +264,8 @@ func (g Goal) String() string {
 		cmp = "≤"
 	}
 	variant := g.Variant
-	if g.Section == sectionPoison {
-		variant = "poison " + variant
+	if g.Section == sectionPoison || g.Section == sectionRetry {
+		variant = g.Section + " " + variant
 	}
 	target := fmt.Sprintf("%s %s %s%.2f× %s", variant, g.Measure, cmp, g.Limit, g.Against)
 	switch {
@@ -292,18 +297,24 @@ func issueGoals(r *Results) []Goal {
 		if c == nil {
 			continue // the section did not run
 		}
-		v, base := c.variant(g.Variant), c.variant(g.Against)
-		if v != nil && base != nil {
-			if g.Measure == "CPU" {
-				g.Measured = ratio(v.MedianCPUPerMsg, base.MedianCPUPerMsg)
-			} else {
-				g.Measured = ratio(v.MedianMsgPerSec, base.MedianMsgPerSec)
-			}
-			g.Met = g.Measured > 0 && (g.AtMost && g.Measured <= g.Limit || !g.AtMost && g.Measured >= g.Limit)
-		}
-		kept = append(kept, g)
+		kept = append(kept, g.evaluate(c))
 	}
 	return kept
+}
+
+// evaluate measures g on the comparison that has its variants; Measured
+// stays 0 when one of them did not run.
+func (g Goal) evaluate(c *Comparison) Goal {
+	v, base := c.variant(g.Variant), c.variant(g.Against)
+	if v != nil && base != nil {
+		if g.Measure == "CPU" {
+			g.Measured = ratio(v.MedianCPUPerMsg, base.MedianCPUPerMsg)
+		} else {
+			g.Measured = ratio(v.MedianMsgPerSec, base.MedianMsgPerSec)
+		}
+		g.Met = g.Measured > 0 && (g.AtMost && g.Measured <= g.Limit || !g.AtMost && g.Measured >= g.Limit)
+	}
+	return g
 }
 
 // writeGoals prints the goals of the sections that ran, in one line.
@@ -320,4 +331,76 @@ func writeGoals(w io.Writer, goals []Goal) {
 		}
 	}
 	fmt.Fprintf(w, "**Goals of issue 15, %d of %d met:** %s.\n\n", met, len(goals), strings.Join(parts, "; "))
+}
+
+// writeRetry prints the retry section: the flood's table and goals, the
+// waits' accuracy and the parked messages' memory, or why it was skipped.
+func writeRetry(w io.Writer, rr *RetryResult, set Settings) {
+	if rr.Skipped != "" {
+		fmt.Fprintf(w, "## Retry flood: skipped\n\nSkipped: %s.\n\n", rr.Skipped)
+		return
+	}
+	if c := rr.Flood; c != nil {
+		fmt.Fprintf(w, "## Retry flood on %s: %d ready messages, each failing %d times and then succeeding, %.0f ms waits, %d consumers, prefetch %d, quorum queues "+
+			"(median of %d rounds, each starting one variant further along)\n\n",
+			rr.Broker, c.Messages, rr.Failures, rr.DelayMS, set.Consumers, set.Prefetch, c.Rounds)
+		fmt.Fprintln(w, "msg/s is messages handled successfully per second, from the first delivery to the last success; CPU per message is per message handled, "+
+			"its three attempts together.")
+		fmt.Fprintln(w)
+		writeComparison(w, c)
+		var parts []string
+		met := 0
+		for _, g := range rr.Goals {
+			parts = append(parts, g.String())
+			if g.Met {
+				met++
+			}
+		}
+		if len(parts) > 0 {
+			fmt.Fprintf(w, "**Goals of the retry flood, %d of %d met:** %s.\n\n", met, len(rr.Goals), strings.Join(parts, "; "))
+		}
+	}
+	if len(rr.Waits) > 0 {
+		fmt.Fprintf(w, "Waits as the handler saw them, minus the configured %.0f ms: from the start of a failing attempt (the rejection or republish follows at once) "+
+			"to the start of the same message's next attempt, for one message in %d of each run, all rounds. Under the flood a message that is due "+
+			"still queues behind the others, in the broker and in the consumer's prefetch.\n\n", rr.DelayMS, max(1, rr.Flood.Messages/retryTimedMessages))
+		fmt.Fprintln(w, "| variant | waits | min error ms | median error ms | p95 error ms | max error ms |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
+		for _, a := range rr.Waits {
+			fmt.Fprintf(w, "| %s | %d | %+.1f | %+.1f | %+.1f | %+.1f |\n", a.Variant, a.Waits, a.MinErrMS, a.MedianErrMS, a.P95ErrMS, a.MaxErrMS)
+		}
+		fmt.Fprintln(w)
+	}
+	if p := rr.Parked; p != nil {
+		fmt.Fprintf(w, "### %d messages parked in a %.0f s delay\n\n", p.Messages, p.DelaySeconds)
+		fmt.Fprintln(w, "| variant | parked in s | queue memory before → after | per message | node memory before → after | per message | broker RSS before → after | per message |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+		for _, v := range p.Variants {
+			fmt.Fprintf(w, "| %s | %.1f | %s → %s | %s | %s → %s | %s | %s → %s | %s |\n", v.Name, v.ParkSeconds,
+				bytesText(v.QueueMemoryBefore), bytesText(v.QueueMemoryAfter), perMessage(v.QueueMemoryBefore, v.QueueMemoryAfter, p.Messages),
+				bytesText(v.NodeMemoryBefore), bytesText(v.NodeMemoryAfter), perMessage(v.NodeMemoryBefore, v.NodeMemoryAfter, p.Messages),
+				bytesText(v.RSSBefore), bytesText(v.RSSAfter), perMessage(v.RSSBefore, v.RSSAfter, p.Messages))
+		}
+		fmt.Fprintln(w)
+		memory := fmt.Sprintf("Queue memory is `%s list_queues memory` summed over the topology's queues (work queue, DLQ, tier); "+
+			"node memory is the broker's Erlang VM's, `%s eval 'erlang:memory(total).'`", p.Ctl, p.Ctl)
+		if p.CtlError != "" {
+			memory = fmt.Sprintf("Queue and node memory are not known: %s", p.CtlError)
+		}
+		fmt.Fprintf(w, "%s; broker RSS is the broker process's VmRSS; each with the topology declared and empty, then with every message parked. "+
+			"The variants run one after the other, on a broker others may use; the VM keeps memory it has freed, so the RSS difference is a rough guide.\n\n", memory)
+		for _, v := range p.Variants {
+			fmt.Fprintf(w, "- **%s**: %s\n", v.Name, v.About)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// perMessage is the growth from before to after, per message, in bytes; a
+// dash when either is unknown.
+func perMessage(before, after int64, n int) string {
+	if before < 0 || after < 0 || n <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%d B", int64(math.Round(float64(after-before)/float64(n))))
 }

@@ -25,6 +25,9 @@ type variant struct {
 	about string // one line for the report: what runs, with which settings
 	run   func(ctx context.Context, e *env, q string, n int) (Sample, error)
 	skip  bool // left out by -skip
+	// ownQueue: run declares, fills and deletes the queues itself, from
+	// q's name (the retry section's topologies), and is not profiled.
+	ownQueue bool
 }
 
 // Comparison holds every sample of a set of variants and their medians.
@@ -171,6 +174,9 @@ func ratio(a, b float64) float64 {
 // fill) is CPU-profiled and its allocations are written after it.
 func runOnce(ctx context.Context, e *env, section string, v variant, n, round int) (s Sample, err error) {
 	q := uniqueName(section + "." + v.name)
+	if v.ownQueue {
+		return v.run(ctx, e, q, n)
+	}
 	cleanup, err := e.broker.queues(q)
 	if err != nil {
 		return Sample{}, err

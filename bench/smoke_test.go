@@ -70,6 +70,11 @@ func TestSmoke(t *testing.T) {
 	cfg.Profile = filepath.Join(cfg.Out, "profiles")
 	cfg.Skip = map[string]bool{sectionSchedule: true}
 	cfg.OutboxMessages, cfg.OutboxLatencyMessages = 300, 20
+	cfg.RetryMessages, cfg.RetryParked = 200, 300
+	// Without rabbitmqctl the parked messages are counted by passive
+	// declares, at once, instead of waiting seconds for the broker's
+	// statistics; TestRabbitmqctlListsQueueMemory covers rabbitmqctl.
+	cfg.RetryCtl = ""
 	if cfg.DSN = requireDB(t); cfg.DSN == "" {
 		cfg.Skip[sectionOutbox] = true
 	}
@@ -140,6 +145,7 @@ func TestSmoke(t *testing.T) {
 	if res.Schedule != nil {
 		t.Error("the skipped retry schedule ran")
 	}
+	checkRetrySmoke(t, res.Retry, out.String(), rounds)
 	if res.Machine.BrokerVer == "" {
 		t.Error("no broker version in the machine info")
 	}
@@ -164,5 +170,58 @@ func TestSmoke(t *testing.T) {
 	}
 	if png, err := os.ReadFile(filepath.Join(cfg.Out, "throughput.png")); err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
 		t.Errorf("throughput.png: not a PNG (%v)", err)
+	}
+}
+
+// checkRetrySmoke checks the retry section of a smoke run: measured on a
+// RabbitMQ 4.3 broker, or skipped with a note where there is none (make
+// test starts only 3.10 and 4.0).
+func checkRetrySmoke(t *testing.T, rr *RetryResult, report string, rounds int) {
+	t.Helper()
+	if rr == nil {
+		t.Fatal("no retry section")
+	}
+	if rr.Skipped != "" {
+		t.Logf("retry section skipped: %s", rr.Skipped)
+		if !strings.Contains(report, "Skipped: "+rr.Skipped) {
+			t.Errorf("the report does not say why the retry section was skipped:\n%s", report)
+		}
+		return
+	}
+	if rr.Flood == nil || len(rr.Flood.Variants) != 5 {
+		t.Fatalf("retry flood: %+v", rr.Flood)
+	}
+	for _, v := range rr.Flood.Variants {
+		if len(v.Samples) != rounds || v.MedianMsgPerSec <= 0 || v.MedianCPUPerMsg <= 0 || v.RatioToBaseline <= 0 {
+			t.Errorf("retry %s: %+v", v.Name, v)
+		}
+	}
+	if len(rr.Waits) != 5 || len(rr.Goals) != 2 || rr.Goals[0].Measured <= 0 || rr.Goals[1].Measured <= 0 {
+		t.Errorf("retry waits %+v, goals %+v", rr.Waits, rr.Goals)
+	}
+	for _, w := range rr.Waits {
+		// Each timed message waits twice; a wait is never shorter than the
+		// delay by more than a clock's jitter.
+		if w.Waits < 2*rounds || w.MinErrMS < -5 {
+			t.Errorf("retry waits of %s: %+v", w.Variant, w)
+		}
+	}
+	p := rr.Parked
+	if p == nil || len(p.Variants) != 2 {
+		t.Fatalf("parked: %+v", p)
+	}
+	for _, v := range p.Variants {
+		if v.ParkSeconds <= 0 || v.QueueMemoryAfter != -1 || v.RSSBefore <= 0 || v.RSSAfter <= 0 {
+			t.Errorf("parked %s: %+v", v.Name, v)
+		}
+	}
+	if p.CtlError != "no -retry-ctl command" || !strings.Contains(report, "Queue and node memory are not known: no -retry-ctl command") {
+		t.Errorf("parked without rabbitmqctl: %q", p.CtlError)
+	}
+	for _, want := range []string{"## Retry flood on RabbitMQ 4.", "| raw-delayed |", "| delayed |", "| raw-tiers |", "| tiers |", "| local-retry |",
+		"| CPU vs raw-delayed |", "Goals of the retry flood", "median error ms", "messages parked in a 60 s delay"} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q:\n%s", want, report)
+		}
 	}
 }
