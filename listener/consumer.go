@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime/debug"
 	"sync"
@@ -485,7 +486,16 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 		l.stats.rejected.Add(1)
 	}
 	l.stats.failed.Add(1)
-	if settlement != middleware.Release { // a release is the listener's doing, not a failure
+	switch {
+	case settlement == middleware.Release: // the listener's doing, not a failure
+	case redeliversThroughBroker(err):
+		// One try of several the broker makes (dlx's Redeliver), as a
+		// Retry's attempt is: the dead letter, if it comes to that, is
+		// logged at warning level.
+		if l.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
+			l.cfg.logger.Debug("listener: message failed; the broker delivers it again", "queue", l.queue, "message_id", d.MessageId, "error", errtext.String(err))
+		}
+	default:
 		l.cfg.logger.Warn("listener: message failed", "queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag, "settlement", settlement.String(), "error", errtext.String(err))
 	}
 	if settlement == middleware.Reject && rejectLoops(d, l.queue, err) {
