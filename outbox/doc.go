@@ -110,8 +110,10 @@
 // # Upgrading a table
 //
 // Tables created before leases lack the claim column: Migrate adds it
-// (nullable, no default: a catalog change, whatever the table's size), and
-// Schema shows the statement for a DBA. Relays of this version need it;
+// (nullable, no default: a catalog change, whatever the table's size) and
+// sets the table's fillfactor to 70 unless one is set (the pages written
+// from then on leave room for the claim's heap-only update), and Schema
+// shows the statements for a DBA. Relays of this version need it;
 // relays of the earlier version still running meanwhile work on alongside,
 // since they never read it: they skip rows under a lease (not yet due) and
 // the new relays skip rows the old ones hold locked, so a row is still sent

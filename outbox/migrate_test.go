@@ -66,6 +66,10 @@ func TestMigrateBringsATableOfAnEarlierVersionUpToDate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	var options string
+	if err := db.QueryRow(`SELECT COALESCE(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = $1::regclass`, ob.Table()).Scan(&options); err != nil || options != "fillfactor=70" {
+		t.Fatalf("the migrated table's options are %q (%v), want fillfactor=70", options, err)
+	}
 	busy, err = db.Begin()
 	if err != nil {
 		t.Fatal(err)

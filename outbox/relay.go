@@ -136,6 +136,14 @@ func (r *Relay) work(ctx, grace context.Context, worker int, log *slog.Logger) e
 	outages := 0
 	var outageStart time.Time
 	nextCleanup := time.Now()
+	var next *batch          // claimed while the last batch was published
+	var recording *recording // the last batch's outcomes being written
+	defer func() {
+		_ = recording.wait()
+		if next != nil { // hand it back: due at once for the next relay
+			_, _ = r.record(ctx, grace, next.rows, next.token, next.leaseEnd)
+		}
+	}()
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -144,7 +152,9 @@ func (r *Relay) work(ctx, grace context.Context, worker int, log *slog.Logger) e
 			r.cleanup(ctx)
 			nextCleanup = time.Now().Add(r.cfg.cleanupEvery)
 		}
-		more, err := r.pass(ctx, grace)
+		var more bool
+		var err error
+		more, next, recording, err = r.pass(ctx, grace, next, recording)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -176,7 +186,7 @@ func (r *Relay) work(ctx, grace context.Context, worker int, log *slog.Logger) e
 			log.Info("outbox relay: the outage is over; resumed", "worker", worker, "after", since(outageStart), "failures", outages)
 			outages = 0
 		}
-		if !more && !sleep(ctx, r.cfg.pollInterval) {
+		if !more && next == nil && !sleep(ctx, r.cfg.pollInterval) {
 			return nil
 		}
 	}
@@ -195,33 +205,84 @@ type claimed struct {
 	attempted bool
 }
 
-// pass claims due rows under a lease, publishes them with no transaction
-// open, and records the outcomes, and reports whether more rows may be due:
-// it found a full batch, or WithMaxBatchBytes cut the batch short.
-//
-// The claim sets the rows' claim to a token of this pass and their
-// next_retry_at to the lease's end, so no relay takes them while it lasts;
-// every later statement on them names the token, so once the lease has
-// lapsed and another relay has claimed a row, nothing this pass learns is
-// written to it.
-func (r *Relay) pass(ctx, grace context.Context) (more bool, err error) {
+// batch is the rows one claim leased, under token until leaseEnd.
+type batch struct {
+	rows     []*claimed
+	found    int // due rows the claim found, WithMaxBatchBytes's cut included
+	token    int64
+	leaseEnd time.Time
+}
+
+// claimBatch leases a batch of due rows; nil when none is due.
+func (r *Relay) claimBatch(ctx context.Context) (*batch, error) {
 	token := newToken()
 	lease := r.cfg.leaseFor()
 	claimedAt := time.Now() // before the claim: the lease ends no earlier than this says
 	rows, found, err := r.claim(ctx, token, lease)
 	if err != nil || len(rows) == 0 {
-		return false, err
+		return nil, err
 	}
-	leaseEnd := claimedAt.Add(lease)
-	r.publish(ctx, grace, rows, leaseEnd)
-	halt, err := r.record(ctx, grace, rows, token, leaseEnd)
-	if err != nil {
-		return false, err
+	return &batch{rows: rows, found: found, token: token, leaseEnd: claimedAt.Add(lease)}, nil
+}
+
+// pass publishes a batch, cur, claiming it first if it is nil, and starts
+// recording the outcomes, which it returns as rec. It reports whether more
+// rows may be due: the claim found a full batch, or WithMaxBatchBytes cut
+// it short; then, while it publishes, it claims the next batch and returns
+// it. So claiming, publishing and recording overlap, as the database and the
+// broker work in parallel; prev, the last pass's recording, is waited for
+// before this one starts, and its error returned.
+//
+// The claim sets the rows' claim to a token of its own and their
+// next_retry_at to the lease's end, so no relay takes them while it lasts;
+// every later statement on them names the token, so once the lease has
+// lapsed and another relay has claimed a row, nothing this pass learns is
+// written to it.
+func (r *Relay) pass(ctx, grace context.Context, cur *batch, prev *recording) (more bool, next *batch, rec *recording, err error) {
+	if cur == nil {
+		if cur, err = r.claimBatch(ctx); cur == nil {
+			return false, nil, nil, errors.Join(err, prev.wait())
+		}
 	}
-	// A batch that WithMaxBatchBytes cut short left due rows behind: the
-	// worker must not wait a poll interval before taking them.
-	more = found >= r.cfg.batchSize || len(rows) < found
-	return more, halt
+	more = cur.found >= r.cfg.batchSize || len(cur.rows) < cur.found
+	var claimErr error
+	claimed := make(chan struct{})
+	if more && ctx.Err() == nil {
+		// Under grace, not ctx: a claim cut short by shutdown after the
+		// database ran it would leave its rows leased, unpublished, until
+		// the lease ends; one that finishes is handed back by work.
+		go func() {
+			defer close(claimed)
+			next, claimErr = r.claimBatch(grace)
+		}()
+	} else {
+		close(claimed)
+	}
+	r.publish(ctx, grace, cur.rows, cur.leaseEnd)
+	prevErr := prev.wait()
+	rec = &recording{done: make(chan struct{})}
+	go func() {
+		defer close(rec.done)
+		rec.halt, rec.err = r.record(ctx, grace, cur.rows, cur.token, cur.leaseEnd)
+	}()
+	<-claimed // the claim ends within dbTimeout, or with grace
+	return more, next, rec, errors.Join(prevErr, claimErr)
+}
+
+// recording is a batch's outcomes being written by record.
+type recording struct {
+	done      chan struct{}
+	halt, err error
+}
+
+// wait waits for the recording to end (it does within the lease, or with
+// grace) and returns its error; a nil recording has none.
+func (rec *recording) wait() error {
+	if rec == nil {
+		return nil
+	}
+	<-rec.done
+	return errors.Join(rec.err, rec.halt)
 }
 
 // newToken returns a random claim token.
