@@ -111,7 +111,7 @@
 //
 // Tables created before leases lack the claim column: Migrate adds it
 // (nullable, no default: a catalog change, whatever the table's size) and
-// sets the table's fillfactor to 70 unless one is set (the pages written
+// sets the table's fillfactor to 50 unless one is set (the pages written
 // from then on leave room for the claim's heap-only update), and Schema
 // shows the statements for a DBA. Relays of this version need it;
 // relays of the earlier version still running meanwhile work on alongside,

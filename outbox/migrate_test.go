@@ -67,8 +67,8 @@ func TestMigrateBringsATableOfAnEarlierVersionUpToDate(t *testing.T) {
 		}
 	}
 	var options string
-	if err := db.QueryRow(`SELECT COALESCE(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = $1::regclass`, ob.Table()).Scan(&options); err != nil || options != "fillfactor=70" {
-		t.Fatalf("the migrated table's options are %q (%v), want fillfactor=70", options, err)
+	if err := db.QueryRow(`SELECT COALESCE(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = $1::regclass`, ob.Table()).Scan(&options); err != nil || options != "fillfactor=50" {
+		t.Fatalf("the migrated table's options are %q (%v), want fillfactor=50", options, err)
 	}
 	busy, err = db.Begin()
 	if err != nil {
