@@ -84,7 +84,7 @@ func measureOutbox(ctx context.Context, e *env) (_ *OutboxResult, err error) {
 	c := &Comparison{Baseline: "raw-confirmed", Messages: n, Rounds: e.cfg.Rounds}
 	results := []VariantResult{
 		{Name: "raw-confirmed", About: fmt.Sprintf("amqp091-go: one channel in confirm mode, mandatory, persistent, %d-byte bodies, up to %d publishes awaiting their deferred confirms", len(b.body), rawWindow)},
-		{Name: "outbox-relay", About: "outbox.Relay with its defaults (2 workers, each claiming batches of 500 rows FOR UPDATE SKIP LOCKED, publishing them through publisher.Publisher and marking them sent in the claiming transaction), draining a backlog of committed rows; timed from Run to the last row's sent_at"},
+		{Name: "outbox-relay", About: "outbox.Relay with its defaults (2 workers, each claiming batches of 500 rows under a lease in one short statement, publishing them through publisher.Publisher with no transaction open and marking them sent under the claim's token, the next batch claimed and the last one recorded while one is published), draining a backlog of committed rows; timed from Run to the last row's sent_at"},
 	}
 	for round := 1; round <= e.cfg.Rounds; round++ {
 		for i, run := range []func(context.Context, int, int) (Sample, error){b.raw, b.relay} {

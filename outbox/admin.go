@@ -19,7 +19,7 @@ type Row struct {
 	RoutingKey   string
 	Status       Status
 	RetriedCount int       // failed publishes so far
-	NextRetryAt  time.Time // when an in-flight row is due
+	NextRetryAt  time.Time // when an in-flight row is due, or its relay's lease ends
 	CreatedAt    time.Time
 	SentAt       time.Time // zero unless sent
 	LastError    string    // why the latest publish failed; "" if none did

@@ -26,6 +26,9 @@ type config struct {
 	workers        int
 	pollInterval   time.Duration
 	publishTimeout time.Duration
+	lease          time.Duration // 0: publishTimeout + defaultLeaseSlack
+	shutdown       time.Duration
+	frameMax       int
 	retention      time.Duration
 	cleanupEvery   time.Duration
 	logger         *slog.Logger
@@ -44,6 +47,8 @@ func defaultConfig() config {
 		workers:        2,
 		pollInterval:   50 * time.Millisecond,
 		publishTimeout: 30 * time.Second,
+		shutdown:       5 * time.Second,
+		frameMax:       131072,
 		retention:      24 * time.Hour,
 		cleanupEvery:   time.Minute,
 	}
@@ -53,7 +58,29 @@ func (c *config) fail(format string, args ...any) {
 	c.errs = append(c.errs, fmt.Errorf("outbox: "+format, args...))
 }
 
-func (c *config) err() error { return errors.Join(c.errs...) }
+func (c *config) err() error {
+	errs := c.errs
+	if c.lease != 0 && c.lease < c.publishTimeout+leaseMargin {
+		errs = append(errs, fmt.Errorf("outbox: WithLease(%v): want at least the publish timeout (%v) plus %v, to publish and record a row within its lease", c.lease, c.publishTimeout, leaseMargin))
+	}
+	return errors.Join(errs...)
+}
+
+// defaultLeaseSlack is what the default lease adds to the publish timeout:
+// room to claim, wait for a concurrency slot and record the outcome.
+const defaultLeaseSlack = 30 * time.Second
+
+// leaseMargin is the least time a claim keeps, past a publish's timeout, to
+// record its outcome: a publish that would end later is not started.
+const leaseMargin = time.Second
+
+// leaseFor is the lease a claim takes.
+func (c *config) leaseFor() time.Duration {
+	if c.lease != 0 {
+		return c.lease
+	}
+	return c.publishTimeout + defaultLeaseSlack
+}
 
 // WithTable names the outbox table, optionally schema-qualified
 // ("app.outbox"): lowercase letters, digits and _, the table part at most 48
@@ -169,6 +196,53 @@ func WithPublishTimeout(d time.Duration) Option {
 			return
 		}
 		c.publishTimeout = d
+	}
+}
+
+// WithLease sets how long a relay's claim on a batch of rows lasts. A relay
+// claims rows in a short transaction of their own, publishes them with no
+// transaction open, and records the outcomes in another; while the lease
+// lasts no other relay takes the rows, and once it lapses (the relay died,
+// froze, or lost its database connection) any relay may, and the first
+// relay's late outcomes are no longer recorded. So it bounds how long a row
+// waits after its relay is gone, and must exceed the publish timeout (by a
+// second at least): a publish is started only if it can end within the
+// lease. Default: the publish timeout plus 30s (a minute by default).
+func WithLease(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.fail("WithLease(%v): want a positive duration", d)
+			return
+		}
+		c.lease = d
+	}
+}
+
+// WithShutdownTimeout bounds how long Run, once its context has ended,
+// waits for the confirms of the publishes it has already sent, and to
+// record them; what is not recorded by then is sent again by the next
+// relay to claim it. It starts no new publish. 0 stops at once. Default 5s.
+func WithShutdownTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.fail("WithShutdownTimeout(%v): want 0 or a positive duration", d)
+			return
+		}
+		c.shutdown = d
+	}
+}
+
+// WithFrameMax sets the frame_max of the broker the messages go to, for
+// Enqueue to refuse properties and headers that could not fit one frame
+// (the publisher would refuse the row at every try). Default 131072,
+// RabbitMQ's default; set it when the broker's frame_max is lower.
+func WithFrameMax(n int) Option {
+	return func(c *config) {
+		if n < 4096 {
+			c.fail("WithFrameMax(%d): AMQP frames are at least 4096 bytes", n)
+			return
+		}
+		c.frameMax = n
 	}
 }
 

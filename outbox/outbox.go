@@ -76,8 +76,34 @@ func (o *Outbox) ddl() []string {
     next_retry_at timestamptz NOT NULL DEFAULT now(),
     created_at    timestamptz NOT NULL DEFAULT now(),
     sent_at       timestamptz,
-    last_error    text
-)`,
+    last_error    text,
+    claim         bigint
+) WITH (fillfactor = 50)`,
+		// fillfactor: a claim rewrites its rows (claim, next_retry_at, no
+		// indexed column), and with room left in the page PostgreSQL does
+		// it as a heap-only update, without new index entries: about a
+		// third less database time per row in EXPLAIN ANALYZE; at 50 the
+		// claims of a freshly written page fit in it. The table is
+		// transient (sent rows go after WithRetention), so its pages
+		// being half empty costs little.
+		// A table created before leases (amqpretry before issue 26) gains
+		// the claim column: nullable, no default, so PostgreSQL only
+		// updates its catalog; and the fillfactor, unless a DBA chose one
+		// (it applies to the pages written from then on). The check keeps a Migrate at every start
+		// from taking the table's ACCESS EXCLUSIVE lock when the column is
+		// there, and lock_timeout keeps an ALTER that waits behind a long
+		// transaction (an older relay's publish) from queueing every
+		// Enqueue behind it: it fails instead, and Migrate can be run
+		// again.
+		`DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '` + t.Quoted + `'::regclass AND attname = 'claim' AND NOT attisdropped) THEN
+        PERFORM set_config('lock_timeout', '5s', true);
+        ALTER TABLE ` + t.Quoted + ` ADD COLUMN claim bigint;
+        IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = '` + t.Quoted + `'::regclass AND reloptions::text LIKE '%fillfactor%') THEN
+            ALTER TABLE ` + t.Quoted + ` SET (fillfactor = 50);
+        END IF;
+    END IF;
+END $$`,
 		// What a relay polls: in-flight rows in id order. Small, since rows
 		// leave it when sent or failed.
 		`CREATE INDEX IF NOT EXISTS ` + t.Index("pending_idx") + ` ON ` + t.Quoted + ` (id) WHERE status = 'in_flight'`,
@@ -91,8 +117,18 @@ func (o *Outbox) ddl() []string {
 // Schema returns the DDL Migrate runs, for a DBA to review or apply.
 func (o *Outbox) Schema() string { return strings.Join(o.ddl(), ";\n\n") + ";\n" }
 
-// Migrate creates the table and its indexes if they do not exist. Processes
-// migrating at once are serialised by an advisory lock.
+// Migrate creates the table and its indexes if they do not exist, and
+// brings a table created by an earlier version up to date: it adds the
+// claim column the relay's leases use (a catalog change; see Schema).
+// Processes migrating at once are serialised by an advisory lock. Run it
+// before starting relays of this version: they need the column, while
+// relays of earlier versions still running work on, since they never read
+// it.
+//
+// Adding the column takes the table's ACCESS EXCLUSIVE lock for an instant,
+// and waits for transactions that use the table, such as an earlier
+// relay's pass; after 5s of waiting it gives up with an error rather than
+// hold every Enqueue queued behind it, and Migrate can be run again.
 func (o *Outbox) Migrate(ctx context.Context) error {
 	return pgsql.Migrate(ctx, o.db, o.cfg.table, o.ddl())
 }
@@ -104,13 +140,17 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 // UUID chosen here and stored with the row, so every publish of the row, a
 // re-send included, carries the same id for consumers to deduplicate on.
 // Enqueue refuses, with ErrInvalidMessage, a message the publisher could
-// never send; Go int values in the headers become int64, as the publisher
-// would make them.
+// never send or the broker would refuse: a property over 255 bytes, a header
+// type AMQP has no field for, properties and headers that do not fit one
+// frame (WithFrameMax), an Expiration that is not 0 to 315360000000
+// milliseconds in decimal digits. Go int values in the headers become int64,
+// as the publisher would make them. What only the relay's publisher can
+// judge (a UserId other than its login) fails the row at its first publish.
 func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, exchange, routingKey string, msg amqp.Publishing) (int64, error) {
 	if tx == nil {
 		return 0, fmt.Errorf("outbox: Enqueue needs the transaction of the business write, got nil")
 	}
-	if err := check(exchange, routingKey, &msg); err != nil {
+	if err := check(exchange, routingKey, &msg, o.cfg.frameMax); err != nil {
 		return 0, err
 	}
 	props, err := encodeProperties(msg)
@@ -134,7 +174,11 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, exchange, routingKey s
 	return id, nil
 }
 
-func check(exchange, key string, msg *amqp.Publishing) error {
+// traceHeadroom is what check leaves in a frame for the trace context the
+// publisher adds to the headers (traceparent, tracestate, baggage).
+const traceHeadroom = 1024
+
+func check(exchange, key string, msg *amqp.Publishing, frameMax int) error {
 	invalid := func(format string, args ...any) error {
 		return fmt.Errorf("%w for exchange %q: %s", ErrInvalidMessage, exchange, fmt.Sprintf(format, args...))
 	}
@@ -150,6 +194,17 @@ func check(exchange, key string, msg *amqp.Publishing) error {
 			return invalid("%v", err)
 		}
 		msg.Headers = h
+	}
+	if err := amqptable.CheckExpiration(msg.Expiration); err != nil {
+		return invalid("%v", err)
+	}
+	size := amqptable.PropertiesSize(*msg)
+	if msg.MessageId == "" {
+		size += 1 + 36 // the UUID Enqueue picks
+	}
+	if limit := frameMax - amqptable.FrameOverhead - traceHeadroom; size > limit {
+		return invalid("its properties and headers take %d bytes, more than the %d one frame holds (frame_max %d, less %d bytes for the trace context): make the headers smaller (or, for a broker with a larger frame_max, see WithFrameMax)",
+			size, limit, frameMax, traceHeadroom)
 	}
 	return nil
 }

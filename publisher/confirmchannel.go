@@ -55,6 +55,7 @@ type inflight struct {
 	messageID     string
 	correlationID string
 	userID        string
+	expiration    string
 	headers       amqp.Table
 	returned      *amqp.Return
 	result        chan error // receives exactly one outcome
@@ -143,9 +144,13 @@ func asNumber(v any) (float64, bool) {
 // channelLostError: the channel closed before the message was confirmed;
 // Publish tries again, on another channel if need be. cause is the channel's close error,
 // if any; sendErr the error of a send that failed.
+//
+// attributed: the broker's text pinned the exception on another message,
+// so this one is innocent.
 type channelLostError struct {
-	cause   *amqp.Error
-	sendErr error
+	cause      *amqp.Error
+	sendErr    error
+	attributed bool
 }
 
 func (e *channelLostError) Error() string {
@@ -194,7 +199,7 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 	f := &inflight{
 		tag:      tag,
 		exchange: exchange, key: key, body: msg.Body,
-		messageID: msg.MessageId, correlationID: msg.CorrelationId, userID: msg.UserId,
+		messageID: msg.MessageId, correlationID: msg.CorrelationId, userID: msg.UserId, expiration: msg.Expiration,
 		headers: msg.Headers,
 		result:  make(chan error, 1),
 	}
@@ -338,13 +343,15 @@ func (cc *confirmChannel) markReturned(r *amqp.Return) {
 
 // die fails every publish still waiting. An exception the broker's text
 // attributes to a pending message (a 404 naming its exchange, a 406 naming
-// its user-id or its size past max_message_size) is that message's own
-// failure; the others were lost with the channel and are published again by
-// their callers.
+// its user-id, its expiration or its size past max_message_size) is that
+// message's own failure; the others were lost with the channel and are
+// published again by their callers, knowing whether the cause was found.
 func (cc *confirmChannel) die(closeErr *amqp.Error) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	cc.dead.Store(true)
+	var innocent []*inflight
+	attributed := false
 	for tag, f := range cc.pending {
 		delete(cc.pending, tag)
 		switch {
@@ -352,12 +359,18 @@ func (cc *confirmChannel) die(closeErr *amqp.Error) {
 			f.result <- &channelLostError{}
 		case closeErr.Code == amqp.NotFound && strings.Contains(closeErr.Reason, "exchange '"+f.exchange+"'"):
 			f.result <- &ExchangeNotFoundError{Exchange: f.exchange, Reason: closeErr.Reason}
+			attributed = true
 		case closeErr.Code == amqp.PreconditionFailed && f.userID != "" && strings.Contains(closeErr.Reason, "user_id property set to '"+f.userID+"'"),
+			closeErr.Code == amqp.PreconditionFailed && f.expiration != "" && strings.Contains(closeErr.Reason, "invalid expiration '"+f.expiration+"'"),
 			closeErr.Code == amqp.PreconditionFailed && strings.Contains(closeErr.Reason, "message size "+strconv.Itoa(len(f.body))+" is larger than"):
 			f.result <- &ChannelError{Exchange: f.exchange, Code: closeErr.Code, Reason: closeErr.Reason}
+			attributed = true
 		default:
-			f.result <- &channelLostError{cause: closeErr}
+			innocent = append(innocent, f)
 		}
+	}
+	for _, f := range innocent {
+		f.result <- &channelLostError{cause: closeErr, attributed: attributed}
 	}
 }
 

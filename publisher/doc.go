@@ -26,6 +26,21 @@
 // records nothing (no SDK set) and the context carries no span, no span is
 // started, as in the listener; the context's baggage is still written.
 //
+// # A message the broker would refuse
+//
+// RabbitMQ refuses some messages by closing the channel they came on, which
+// loses the confirms of every other message in flight on it. Publish refuses
+// what it can know the broker would refuse before sending anything, with
+// ErrInvalidMessage: properties that do not fit a frame, an Expiration that
+// is not 0 to 315360000000 milliseconds in decimal digits, a UserId other
+// than the login (unless WithImpersonation). When the broker closes a
+// channel anyway, a message its text names (a missing exchange, a user-id,
+// an expiration, a size) fails; the others are published again. If the text
+// names none, each message lost with the channel is published again alone, on
+// a channel of its own, one at a time: the one that caused it closes that
+// channel by itself and fails with a *ChannelError, and every other is sent
+// again once and confirmed.
+//
 // # Invalid options
 //
 // New checks the URL and every option before it dials, and one error names

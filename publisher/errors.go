@@ -63,10 +63,14 @@ func (e *ExchangeNotFoundError) Error() string {
 
 // ChannelError: the broker closed the channel with an exception while the
 // message was unconfirmed, and the exception is put down to the message: the
-// broker's text names its user-id or its size past max_message_size (406,
-// at once: RabbitMQ 4 refuses messages over 16 MiB), or the channels it was
-// published on kept closing with exceptions when it was published again.
-// Code and Reason are the last exception's.
+// broker's text names its user-id, its expiration or its size past
+// max_message_size (406, at once: RabbitMQ 4 refuses messages over 16 MiB),
+// or, sent again alone on a channel of its own after an exception that the
+// text pinned on no message, it made the broker close that channel too (a
+// publish to an internal exchange, say). Its unconfirmed neighbours were sent
+// again at most once, and not failed. Publishing the same message again
+// fails the same way until what the broker objects to changes. Code and
+// Reason are the last exception's.
 type ChannelError struct {
 	Exchange string
 	Code     int

@@ -20,6 +20,7 @@ type config struct {
 	logger         *slog.Logger
 	conn           amqpconn.Config // New sets URLs
 	closeTimeout   time.Duration
+	impersonate    bool
 	telemetry      telemetry.Config
 	errs           []error
 }
@@ -127,3 +128,10 @@ func WithCloseTimeout(d time.Duration) Option {
 		cfg.closeTimeout = d
 	}
 }
+
+// WithImpersonation says that the user the Publisher logs in as has
+// RabbitMQ's impersonator tag, so a message may carry any user-id. Without
+// it, Publish refuses (ErrInvalidMessage, before sending) a user-id other
+// than the login: the broker would close the channel on it, and with it
+// every unconfirmed publish sharing that channel.
+func WithImpersonation() Option { return func(cfg *config) { cfg.impersonate = true } }

@@ -31,6 +31,7 @@ type Publisher struct {
 	channels atomic.Pointer[channelSet]
 	next     atomic.Uint32 // round robin over channels
 	frameMax atomic.Int64
+	soloSlot chan struct{} // held by the one publish on the solo channel
 
 	mu       sync.Mutex
 	closed   bool          // no new publishes
@@ -46,8 +47,16 @@ type Publisher struct {
 
 // channelSet is an immutable snapshot of the usable confirm channels;
 // changed is closed when it is replaced, waking publishes that found none.
+//
+// solo is a confirm channel of its own for a message whose channel the
+// broker closed with an exception its text pins on no message: the message
+// is sent again there alone, one publish at a time (soloSlot), so that if it
+// was the cause the broker closes a channel it shares with no other message,
+// and it fails by itself, while each innocent neighbour is sent again only
+// once and confirmed.
 type channelSet struct {
 	channels []*confirmChannel
+	solo     *confirmChannel
 	blocked  bool // the broker sent connection.blocked: do not write
 	changed  chan struct{}
 }
@@ -98,6 +107,7 @@ func New(url string, opts ...Option) (*Publisher, error) {
 		cfg:      cfg,
 		idle:     make(chan struct{}),
 		tel:      telemetry.New(cfg.telemetry),
+		soloSlot: make(chan struct{}, 1),
 	}
 	p.closing, p.cancel = context.WithCancel(context.Background())
 	p.channels.Store(&channelSet{changed: make(chan struct{})})
@@ -107,8 +117,8 @@ func New(url string, opts ...Option) (*Publisher, error) {
 		p.cancel()
 		return nil, fmt.Errorf("publisher: cannot connect to %w", err) // err names each address
 	}
-	died := make(chan *confirmChannel, cfg.channels)
-	channels, err := openConfirmChannels(conn.Connection, cfg.channels, died)
+	died := make(chan *confirmChannel, cfg.channels+1)
+	channels, err := openConfirmChannels(conn.Connection, cfg.channels+1, died)
 	if err != nil {
 		conn.Abandon()
 		p.cancel()
@@ -141,8 +151,15 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 
 	exceptions, sendFailures := 0, 0
 	sent := false // a send went out: the broker may hold the message
+	solo := false // send it alone, on the solo channel
 	for {
-		cc, err := p.pickChannel(ctx, exchange, key)
+		var cc *confirmChannel
+		var err error
+		if solo {
+			cc, err = p.takeSolo(ctx, exchange, key)
+		} else {
+			cc, err = p.pickChannel(ctx, exchange, key)
+		}
 		if err != nil {
 			if sent && err == ErrClosed {
 				// Closed while a copy sent before was unconfirmed: it may
@@ -159,6 +176,9 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 		if err == nil {
 			err = p.await(ctx, cc, f)
 		}
+		if solo {
+			<-p.soloSlot
+		}
 		if err == nil {
 			return nil
 		}
@@ -168,11 +188,18 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 			return &notConfirmedError{exchange: exchange, key: key, cause: ctx.Err()}
 		case isLost:
 			// Lost with its channel: publish again, on a new channel if need
-			// be. Exceptions nobody could be blamed for, and failing sends, are
-			// allowed a few times before this message is suspected.
+			// be. An exception on the solo channel, where this message was
+			// alone, is this message's doing. One that the broker's text pins
+			// on no message makes this one a suspect, sent again alone; a
+			// message whose channels keep closing under it, each time blamed
+			// on another, is sent alone too, so it is never sent more than a
+			// few times.
 			if isChannelException(lost.cause) {
-				if exceptions++; exceptions > maxUnattributedExceptions {
+				if solo {
 					return &ChannelError{Exchange: exchange, Code: lost.cause.Code, Reason: lost.cause.Reason}
+				}
+				if exceptions++; !lost.attributed || exceptions >= maxAttributedExceptions {
+					solo = true
 				}
 			}
 			if lost.sendErr != nil {
@@ -186,12 +213,12 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 	}
 }
 
-// How often one message may see its channel closed by an exception the
-// broker's text does not pin on anyone, or see a send fail, before Publish
-// gives up on it.
+// How often one message may see its channel closed by exceptions the
+// broker's text pins on other messages before it is sent alone, and how
+// often a send may fail before Publish gives up on it.
 const (
-	maxUnattributedExceptions = 5
-	maxSendFailures           = 3
+	maxAttributedExceptions = 3
+	maxSendFailures         = 3
 )
 
 // ErrInvalidMessage: the message cannot be sent as it is; nothing was sent.
@@ -199,7 +226,10 @@ var ErrInvalidMessage = errors.New("publisher: invalid message")
 
 // check refuses what amqp091 cannot encode or the broker cannot take in a
 // frame (either would close the whole connection, with every publish in
-// flight on it), and widens Go ints in the headers.
+// flight on it), and what the broker would refuse by closing the channel,
+// with every unconfirmed publish on it (an expiration that is not a number
+// of milliseconds it takes, a user-id other than the login), and widens Go
+// ints in the headers.
 func (p *Publisher) check(exchange, key string, msg *amqp.Publishing) error {
 	invalid := func(format string, args ...any) error {
 		return fmt.Errorf("%w for exchange %q: %s", ErrInvalidMessage, exchange, fmt.Sprintf(format, args...))
@@ -209,6 +239,12 @@ func (p *Publisher) check(exchange, key string, msg *amqp.Publishing) error {
 	}
 	if err := amqptable.CheckShortStrings(*msg); err != nil {
 		return invalid("%v", err)
+	}
+	if err := amqptable.CheckExpiration(msg.Expiration); err != nil {
+		return invalid("%v", err)
+	}
+	if msg.UserId != "" && msg.UserId != p.username && !p.cfg.impersonate {
+		return invalid("user-id %q is not %q, the user this Publisher logs in as: RabbitMQ refuses such a message by closing the channel, unless the user has the impersonator tag (then pass WithImpersonation)", msg.UserId, p.username)
 	}
 	headers, err := amqptable.Normalize(msg.Headers)
 	if err != nil {
@@ -239,6 +275,36 @@ func (p *Publisher) await(ctx context.Context, cc *confirmChannel, f *inflight) 
 	case <-expired:
 		cc.forget(f.tag)
 		return &notConfirmedError{exchange: f.exchange, key: f.key, cause: fmt.Errorf("no confirm within %v (WithConfirmTimeout)", p.cfg.confirmTimeout)}
+	}
+}
+
+// takeSolo waits for the solo channel to be free and alive, and takes it;
+// the caller gives it back by receiving from p.soloSlot.
+func (p *Publisher) takeSolo(ctx context.Context, exchange, key string) (*confirmChannel, error) {
+	select {
+	case p.soloSlot <- struct{}{}:
+	case <-ctx.Done():
+		return nil, &notConfirmedError{exchange: exchange, key: key, cause: fmt.Errorf("waiting to be sent alone: %w", ctx.Err())}
+	case <-p.closing.Done():
+		return nil, ErrClosed
+	}
+	for {
+		set := p.channels.Load()
+		if cc := set.solo; cc != nil && cc.alive() && !set.blocked {
+			return cc, nil
+		}
+		select {
+		case <-set.changed:
+		case <-ctx.Done():
+			<-p.soloSlot
+			p.mu.Lock()
+			loss := p.lastLoss
+			p.mu.Unlock()
+			return nil, &notConfirmedError{exchange: exchange, key: key, cause: fmt.Errorf("not connected: %w", ctx.Err()), lastLoss: loss, notConnected: true}
+		case <-p.closing.Done():
+			<-p.soloSlot
+			return nil, ErrClosed
+		}
 	}
 }
 
@@ -273,7 +339,8 @@ func (p *Publisher) pickChannel(ctx context.Context, exchange, key string) (*con
 func (p *Publisher) FrameMax() int { return int(p.frameMax.Load()) }
 
 // Username is the user the Publisher logs in as. RabbitMQ refuses a message
-// whose user-id property names anyone else.
+// whose user-id property names anyone else, and so does Publish, unless
+// WithImpersonation says the user may.
 func (p *Publisher) Username() string { return p.username }
 
 // Close stops new publishes, waits up to the close timeout for those in
@@ -379,8 +446,8 @@ func (p *Publisher) redial(redial *amqpconn.Redialer, atOnce bool) (*amqpconn.Co
 		atOnce = false
 		conn, err := p.dial()
 		if err == nil {
-			died := make(chan *confirmChannel, p.cfg.channels)
-			channels, lerr := openConfirmChannels(conn.Connection, p.cfg.channels, died)
+			died := make(chan *confirmChannel, p.cfg.channels+1)
+			channels, lerr := openConfirmChannels(conn.Connection, p.cfg.channels+1, died)
 			if lerr == nil {
 				return conn, channels, died
 			}
@@ -404,6 +471,7 @@ func (p *Publisher) noteLoss(err error) {
 // serve publishes through the confirm channels of one connection, replacing
 // one that the broker closed (a publish to a missing exchange, say). It
 // returns the connection's loss, or nil when the Publisher is closing.
+// channels holds the shared channels and, last, the solo one.
 //
 // Each confirm channel reports its death once on died, which holds one
 // report per channel, so a watcher never blocks on it even after serve has
@@ -412,14 +480,19 @@ func (p *Publisher) serve(conn *amqpconn.Conn, channels []*confirmChannel, died 
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	blockings := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	blocked := false
-	p.install(channels, blocked)
+	solo := channels[len(channels)-1]
+	channels = channels[:len(channels)-1]
+	p.install(channels, solo, blocked)
 	defer func() {
 		// A write stuck in the socket would keep amqp091's shutdown, and so
 		// the channels, from ever finishing: close the socket first.
 		conn.Abandon()
-		p.install(nil, false)
+		p.install(nil, nil, false)
 		for _, cc := range channels {
 			cc.close()
+		}
+		if solo != nil {
+			solo.close()
 		}
 	}()
 	watchdog := time.NewTicker(time.Second)
@@ -440,25 +513,34 @@ func (p *Publisher) serve(conn *amqpconn.Conn, channels []*confirmChannel, died 
 		case b := <-blockings:
 			blocked = b.Active
 			p.cfg.logger.Warn("publisher: the broker blocked or unblocked publishing", "url", p.redacted, "blocked", b.Active, "reason", b.Reason)
-			p.install(channels, blocked)
+			p.install(channels, solo, blocked)
 		case now := <-watchdog.C:
 			// A send stuck in a socket write for two heartbeats means the
 			// connection is dead in all but name: close it, which frees the
 			// writer, and redial.
+			stall := time.Duration(0)
+			if solo != nil {
+				stall = solo.stalledFor(now)
+			}
 			for _, cc := range channels {
-				if stall := cc.stalledFor(now); stall > 2*p.cfg.conn.Heartbeat && !blocked {
-					p.cfg.logger.Warn("publisher: a write has been stuck; closing the connection", "url", p.redacted, "stuck_for", stall)
-					return fmt.Errorf("a write was stuck for %v", stall)
-				}
+				stall = max(stall, cc.stalledFor(now))
+			}
+			if stall > 2*p.cfg.conn.Heartbeat && !blocked {
+				p.cfg.logger.Warn("publisher: a write has been stuck; closing the connection", "url", p.redacted, "stuck_for", stall)
+				return fmt.Errorf("a write was stuck for %v", stall)
 			}
 		case dead := <-died:
-			channels = slices.DeleteFunc(channels, func(cc *confirmChannel) bool { return cc == dead })
-			missing++
-			p.install(channels, blocked)
+			if dead == solo {
+				solo = nil
+			} else {
+				channels = slices.DeleteFunc(channels, func(cc *confirmChannel) bool { return cc == dead })
+				missing++
+			}
+			p.install(channels, solo, blocked)
 		case <-retry:
 			retry = nil
 		}
-		for ; missing > 0 && !conn.IsClosed(); missing-- {
+		for (solo == nil || missing > 0) && !conn.IsClosed() {
 			cc, err := openConfirmChannel(conn.Connection, died)
 			if err != nil {
 				p.cfg.logger.Warn("publisher: cannot reopen a confirm channel; retrying", "url", p.redacted, "error", err)
@@ -467,16 +549,21 @@ func (p *Publisher) serve(conn *amqpconn.Conn, channels []*confirmChannel, died 
 				}
 				break
 			}
-			channels = append(channels, cc)
-			p.install(channels, blocked)
+			if solo == nil {
+				solo = cc
+			} else {
+				channels = append(channels, cc)
+				missing--
+			}
+			p.install(channels, solo, blocked)
 		}
 	}
 }
 
 // install publishes a new snapshot of the usable channels and wakes publishes
 // waiting for one.
-func (p *Publisher) install(channels []*confirmChannel, blocked bool) {
-	next := &channelSet{channels: slices.Clone(channels), blocked: blocked, changed: make(chan struct{})}
+func (p *Publisher) install(channels []*confirmChannel, solo *confirmChannel, blocked bool) {
+	next := &channelSet{channels: slices.Clone(channels), solo: solo, blocked: blocked, changed: make(chan struct{})}
 	old := p.channels.Swap(next)
 	close(old.changed)
 }

@@ -51,6 +51,11 @@ func TestInvalidMessagesDoNotTouchTheConnection(t *testing.T) {
 		"long header name":     {"", q, amqp.Publishing{Headers: amqp.Table{long: 1}}},
 		"headers over a frame": {"", q, amqp.Publishing{Headers: amqp.Table{"big": strings.Repeat("y", 140_000)}}},
 		"cyclic headers":       {"", q, amqp.Publishing{Headers: cyclic}},
+		// The broker would close the channel on these (406).
+		"expiration not a number":  {"", q, amqp.Publishing{Expiration: "1.5"}},
+		"negative expiration":      {"", q, amqp.Publishing{Expiration: "-5"}},
+		"expiration over 10 years": {"", q, amqp.Publishing{Expiration: "315360000001"}},
+		"another user's user-id":   {"", q, amqp.Publishing{UserId: "someone-else"}},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -113,6 +118,76 @@ func TestOthersChannelExceptionsDoNotFailGoodMessages(t *testing.T) {
 	}
 	if len(distinct) != 575 {
 		t.Fatalf("%d distinct messages on the queue, want all 575 confirmed ones", len(distinct))
+	}
+}
+
+// The broker closes the channel on a publish, and its text names no
+// message (403: a publish to an internal exchange). The message that caused
+// it fails, alone, with a *ChannelError; each neighbour that was awaiting
+// its confirm on that channel is sent again once, alone, and confirmed.
+func TestAnUnattributedChannelExceptionFailsOnlyItsCause(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	internal := brokertest.Name(t, "internal")
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	if err := ch.ExchangeDeclare(internal, "fanout", false, true, true, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(t, brokertest.URL(), publisher.WithChannels(1))
+	var wg sync.WaitGroup
+	var culprit error
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 50 {
+				if w == 0 && i == 25 {
+					culprit = p.Publish(ctxTimeout(t, 10*time.Second), internal, "", amqp.Publishing{Body: []byte("bad")})
+					continue
+				}
+				if err := p.Publish(ctxTimeout(t, 10*time.Second), "", q, amqp.Publishing{Body: []byte(fmt.Sprint(w, "-", i))}); err != nil {
+					t.Errorf("good publish %d-%d: %v", w, i, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var chErr *publisher.ChannelError
+	if !errors.As(culprit, &chErr) || chErr.Code != amqp.AccessRefused {
+		t.Fatalf("the culprit's publish: %v, want a *ChannelError with 403", culprit)
+	}
+	copies := map[string]int{}
+	for {
+		d, ok := brokertest.Get(t, ch, q)
+		if !ok {
+			break
+		}
+		copies[string(d.Body)]++
+	}
+	for body, n := range copies {
+		if n > 2 {
+			t.Errorf("%s is on the queue %d times: sent again more than once", body, n)
+		}
+	}
+	if len(copies) != 399 {
+		t.Fatalf("%d distinct messages on the queue, want all 399 good ones", len(copies))
+	}
+}
+
+// With WithImpersonation the publisher sends a foreign user-id, and a
+// broker that refuses it (the user lacks the impersonator tag) fails that
+// message alone.
+func TestImpersonationSendsAForeignUserID(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	p := newPublisher(t, brokertest.URL(), publisher.WithImpersonation())
+	err := p.Publish(ctxTimeout(t, 10*time.Second), "", q, amqp.Publishing{UserId: "someone-else"})
+	var chErr *publisher.ChannelError
+	if !errors.As(err, &chErr) || !strings.Contains(chErr.Reason, "someone-else") {
+		t.Fatalf("%v: want the broker's refusal as a *ChannelError", err)
+	}
+	if err := p.Publish(ctxTimeout(t, 10*time.Second), "", q, amqp.Publishing{UserId: p.Username()}); err != nil {
+		t.Fatal(err)
 	}
 }
 

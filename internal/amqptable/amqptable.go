@@ -3,6 +3,8 @@ package amqptable
 import (
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -235,4 +237,35 @@ func Publishing(d *amqp.Delivery) amqp.Publishing {
 		AppId:           d.AppId,
 		Body:            d.Body,
 	}
+}
+
+// MaxExpiration is the largest per-message TTL RabbitMQ accepts, in
+// milliseconds (ten years), as measured on 3.10, 4.0 and 4.3.
+const MaxExpiration = 315360000000
+
+// CheckExpiration refuses an expiration property RabbitMQ would refuse by
+// closing the channel (406 PRECONDITION_FAILED, "invalid expiration"): it
+// takes an optional sign and decimal digits (Erlang's string:to_integer)
+// whose value is 0 to MaxExpiration. "" means no expiration.
+func CheckExpiration(s string) error {
+	if s == "" {
+		return nil
+	}
+	number, negative := s, false
+	if s[0] == '+' || s[0] == '-' {
+		number, negative = s[1:], s[0] == '-'
+	}
+	if number == "" || strings.Trim(number, "0123456789") != "" {
+		return fmt.Errorf("expiration %q is not a whole number of milliseconds: RabbitMQ takes decimal digits only, such as \"60000\"", s)
+	}
+	digits := strings.TrimLeft(number, "0")
+	switch n, err := strconv.ParseInt(digits, 10, 64); {
+	case digits == "":
+		return nil // zero, whatever its sign
+	case negative:
+		return fmt.Errorf("expiration %q is negative: RabbitMQ takes 0 to %d milliseconds", s, int64(MaxExpiration))
+	case err != nil || n > MaxExpiration:
+		return fmt.Errorf("expiration %q is more than the %d milliseconds (ten years) RabbitMQ takes", s, int64(MaxExpiration))
+	}
+	return nil
 }

@@ -32,6 +32,24 @@
 // consumes from (middleware.Queue), or WithConsumerName. Two queues bound to
 // one exchange each process the message once.
 //
+// # What the key must be
+//
+// The key identifies a message, not a business entity: the inbox cannot
+// tell two different events that carry one id from a message and its
+// redelivery, which is exactly what a redelivery looks like. A producer that
+// sets MessageId to an order's id for "created" and then "paid" has "paid"
+// acked and skipped, silently. Give each message an id of its own ("order-42
+// paid"), or leave MessageId empty in the outbox, which then picks a random
+// UUID per message; with WithKey, derive a key that is unique per event.
+// This is documented rather than checked: no check on the consumer's side can
+// tell a reused id from a redelivery.
+//
+// A key that PostgreSQL's text cannot hold (AMQP lets a message id carry a
+// NUL byte or bytes that are not UTF-8) is recorded as "amqpretry-hex:" and
+// its bytes in hex, as is a key that itself starts with that prefix: such a
+// message is deduplicated like any other, rather than failing its insert on
+// every delivery and being requeued for ever.
+//
 // # Retention
 //
 // The record is what makes a duplicate recognisable: Purge deletes records

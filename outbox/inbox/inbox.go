@@ -3,10 +3,13 @@ package inbox
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -87,8 +90,8 @@ func WithTable(name string) Option {
 // must share one record, or when the handler runs outside a listener.
 func WithConsumerName(name string) Option {
 	return func(c *config) {
-		if name == "" || len(name) > 255 {
-			c.fail("WithConsumerName(%q): want 1 to 255 bytes", name)
+		if name == "" || len(name) > 255 || !storable(name) {
+			c.fail("WithConsumerName(%q): want 1 to 255 bytes of UTF-8 without NUL", name)
 			return
 		}
 		c.consumer = name
@@ -204,7 +207,7 @@ func (ib *Inbox) Handler(fn HandlerFunc) middleware.Handler {
 		// A concurrent transaction recording the same id makes this insert
 		// wait for it: if it commits, this one inserts nothing and skips.
 		res, err := tx.ExecContext(ctx, `INSERT INTO `+ib.table.Quoted+` (consumer, message_id, processed_at)
-		VALUES ($1, $2, now()) ON CONFLICT DO NOTHING`, consumer, id)
+		VALUES ($1, $2, now()) ON CONFLICT DO NOTHING`, storedKey(consumer), storedKey(id))
 		if err != nil {
 			return fmt.Errorf("inbox: record message %q for consumer %q: %w", id, consumer, pgsql.RedactErr(err))
 		}
@@ -242,6 +245,28 @@ func (ib *Inbox) messageID(d *amqp.Delivery) (string, error) {
 		return "", middleware.Permanent(fmt.Errorf("%w: the key function returned \"\" (exchange %q, routing key %q)", ErrNoMessageID, d.Exchange, d.RoutingKey))
 	}
 	return id, nil
+}
+
+// escapedPrefix starts the stored form of a key that PostgreSQL's text
+// cannot hold as it is. No key is stored verbatim with this prefix, so the
+// two forms never collide.
+const escapedPrefix = "amqpretry-hex:"
+
+// storable reports whether text can hold s: valid UTF-8 without NUL.
+func storable(s string) bool { return utf8.ValidString(s) && !strings.Contains(s, "\x00") }
+
+// storedKey is the form of key recorded in the table: the key itself, or,
+// for a key text cannot hold (a NUL byte, bytes that are not UTF-8, which
+// AMQP allows in a message id) or one that starts with escapedPrefix, the
+// prefix and the key's bytes in hex. It is one-to-one, so such a message is
+// deduplicated like any other instead of failing its insert on every
+// delivery. The consumer's name is stored the same way: WithConsumerName
+// refuses a name text cannot hold, but a queue's name comes from the broker.
+func storedKey(key string) string {
+	if storable(key) && !strings.HasPrefix(key, escapedPrefix) {
+		return key
+	}
+	return escapedPrefix + hex.EncodeToString([]byte(key))
 }
 
 // Purge deletes the records of messages processed more than olderThan ago,
