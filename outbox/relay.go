@@ -402,7 +402,10 @@ func (r *Relay) publishOne(ctx context.Context, c *claimed) (err error) {
 	}()
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
 	defer cancel()
-	return r.pub.Publish(pctx, c.exchange, c.key, c.msg)
+	// A row no queue takes is an error to retry and, past the limit, a
+	// failed row for a person: never a silent loss, whatever the
+	// publisher's default (publisher.WithMandatory).
+	return r.pub.Publish(publisher.WithMandatoryContext(pctx, true), c.exchange, c.key, c.msg)
 }
 
 // outcome is what record writes to a row that was not sent: a failed try

@@ -187,7 +187,7 @@ func openConfirmChannel(conn *amqp.Connection, died chan<- *confirmChannel) (*co
 }
 
 // send publishes msg and registers it before the broker can answer.
-func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *amqp.Publishing) (*inflight, error) {
+func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *amqp.Publishing, mandatory bool) (*inflight, error) {
 	select {
 	case cc.sendSlot <- struct{}{}:
 	case <-ctx.Done():
@@ -212,7 +212,7 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 	cc.mu.Unlock()
 
 	cc.sendingSince.Store(time.Now().UnixNano())
-	err := cc.ch.PublishWithContext(ctx, exchange, key, true, false, *msg)
+	err := cc.ch.PublishWithContext(ctx, exchange, key, mandatory, false, *msg)
 	cc.sendingSince.Store(0)
 	if err != nil {
 		cc.forget(tag)

@@ -20,6 +20,7 @@ type config struct {
 	logger         *slog.Logger
 	conn           amqpconn.Config // New sets URLs
 	closeTimeout   time.Duration
+	mandatory      bool
 	impersonate    bool
 	telemetry      telemetry.Config
 	errs           []error
@@ -40,6 +41,7 @@ func defaultConfig() config {
 			Name:        "amqpretry publisher",
 		},
 		closeTimeout: 5 * time.Second,
+		mandatory:    true,
 	}
 }
 
@@ -135,3 +137,11 @@ func WithCloseTimeout(d time.Duration) Option {
 // than the login: the broker would close the channel on it, and with it
 // every unconfirmed publish sharing that channel.
 func WithImpersonation() Option { return func(cfg *config) { cfg.impersonate = true } }
+
+// WithMandatory sets whether Publish sets mandatory: with it (the default)
+// a message no queue takes comes back and Publish returns ErrUnroutable;
+// without it the broker drops such a message and Publish returns nil once
+// it confirms, as Spring's RabbitTemplate and Watermill do by default: for
+// events that may have no subscriber yet. WithMandatoryContext decides per
+// call; recoverers and the outbox relay always ask for mandatory.
+func WithMandatory(mandatory bool) Option { return func(cfg *config) { cfg.mandatory = mandatory } }

@@ -2,6 +2,7 @@ package publisher
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,8 +20,13 @@ import (
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
-// Publisher publishes with mandatory set and returns after the broker's
-// confirm. It is safe for concurrent use. Close it when done.
+// Publisher publishes and returns after the broker's confirm. By default it
+// sets mandatory, so that a message no queue takes is an error
+// (ErrUnroutable), not a silent loss; WithMandatory(false) or
+// WithMandatoryContext turn that off for events nobody may be bound to yet.
+// It gives a message without a MessageId one (a random UUID), so that an
+// idempotent consumer (outbox/inbox) can tell redeliveries apart. It is safe
+// for concurrent use. Close it when done.
 type Publisher struct {
 	dialer   *amqpconn.Dialer // used by the connection goroutine only, after New
 	redacted string
@@ -169,7 +175,7 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 			}
 			return err
 		}
-		f, err := cc.send(ctx, exchange, key, &msg)
+		f, err := cc.send(ctx, exchange, key, &msg, p.mandatory(ctx))
 		if lost, ok := errtree.As[*channelLostError](err); f != nil || (ok && lost.sendErr != nil) {
 			sent = true // (a write that failed may have gone out in part or whole)
 		}
@@ -230,7 +236,37 @@ var ErrInvalidMessage = errors.New("publisher: invalid message")
 // with every unconfirmed publish on it (an expiration that is not a number
 // of milliseconds it takes, a user-id other than the login), and widens Go
 // ints in the headers.
+// mandatory is whether a publish with ctx sets mandatory.
+func (p *Publisher) mandatory(ctx context.Context) bool {
+	if m, ok := ctx.Value(mandatoryKey{}).(bool); ok {
+		return m
+	}
+	return p.cfg.mandatory
+}
+
+type mandatoryKey struct{}
+
+// WithMandatoryContext returns a context whose publishes set mandatory (or
+// not) whatever the Publisher's default (WithMandatory): recoverers and the
+// outbox relay publish with mandatory=true this way, since a dead letter
+// or an outbox row that no queue takes must be an error, never a loss.
+func WithMandatoryContext(ctx context.Context, mandatory bool) context.Context {
+	return context.WithValue(ctx, mandatoryKey{}, mandatory)
+}
+
+// newMessageID is a random (version 4) UUID.
+func newMessageID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
 func (p *Publisher) check(exchange, key string, msg *amqp.Publishing) error {
+	if msg.MessageId == "" {
+		msg.MessageId = newMessageID()
+	}
 	invalid := func(format string, args ...any) error {
 		return fmt.Errorf("%w for exchange %q: %s", ErrInvalidMessage, exchange, fmt.Sprintf(format, args...))
 	}

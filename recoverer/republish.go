@@ -157,7 +157,9 @@ func (r *Republisher) Recover(ctx context.Context, d *amqp.Delivery, cause error
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
 	defer cancel()
-	if err := r.pub.Publish(ctx, r.exchange, key, msg); err != nil {
+	// A dead letter no queue takes must be an error, whatever the
+	// publisher does for the events it publishes (publisher.WithMandatory).
+	if err := r.pub.Publish(publisher.WithMandatoryContext(ctx, true), r.exchange, key, msg); err != nil {
 		return fmt.Errorf("recoverer: republish to exchange %q with routing key %q: %w", r.exchange, key, err)
 	}
 	exchange := r.exchange
