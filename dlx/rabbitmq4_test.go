@@ -198,3 +198,47 @@ func TestSingleRetryLayoutDropsWhatItDoesNotReject(t *testing.T) {
 		t.Errorf("RabbitMQ %d.%d kept the message (work queue %d, retry queue %d): it no longer drops such cycles, and Validate may relax", major, minor, w, r)
 	}
 }
+
+// A look that ends without handing the dead letter back (the command
+// killed, its connection lost: here the channel closes with the message
+// unacked) counts toward the delivery limit on every version, 4.3 included,
+// where only a nack does not. So a quorum DLQ declared with
+// DLQWithBrokerDefaultLimit keeps RabbitMQ 4's default of 20 in play on 4.3
+// too, and loses the dead letter at the 21st such look; 3.x has no default
+// limit; the Topology's own DLQ keeps it.
+func TestALookCutOffCountsOnEveryVersion(t *testing.T) {
+	major := brokertest.Major(t)
+	for _, tt := range []struct {
+		name string
+		topo dlx.Topology
+		kept bool
+	}{
+		{"topology default", dlx.Topology{}, true},
+		{"DLQWithBrokerDefaultLimit", dlx.Topology{DLQWithBrokerDefaultLimit: true}, major < 4},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.topo.Type = dlx.Quorum
+			topo := topology(t, tt.topo)
+			declare(t, topo)
+			brokertest.Publish(t, topo.DLQ(), amqp.Publishing{Body: []byte("a dead letter")})
+			var count any
+			for look := range 21 {
+				brokertest.Eventually(t, 5*time.Second, fmt.Sprintf("the dead letter back before look %d", look+1), func() bool {
+					return brokertest.Depth(t, topo.DLQ()) == 1
+				})
+				ch := brokertest.Channel(t, brokertest.Dial(t))
+				d, ok, err := ch.Get(topo.DLQ(), false)
+				if err != nil || !ok {
+					t.Fatalf("look %d: %v %v", look+1, ok, err)
+				}
+				count = d.Headers["x-delivery-count"]
+				_ = ch.Close() // unacked: the broker takes it back
+			}
+			time.Sleep(500 * time.Millisecond)
+			if kept := brokertest.Depth(t, topo.DLQ()) == 1; kept != tt.kept {
+				major, minor := brokertest.Version(t)
+				t.Errorf("RabbitMQ %d.%d: the dead letter kept after 21 looks cut off: %v, want %v (last x-delivery-count %v)", major, minor, kept, tt.kept, count)
+			}
+		})
+	}
+}

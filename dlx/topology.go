@@ -62,7 +62,10 @@ type Topology struct {
 	// lost: x-dead-letter-exchange and x-dead-letter-routing-key, x-queue-type
 	// (which the retry queues and DLQ would not get: see Type), and on a
 	// quorum queue x-delivery-limit with DeliveryLimit, x-overflow and
-	// x-dead-letter-strategy with AtLeastOnce. Not with SkipWorkQueue.
+	// x-dead-letter-strategy with AtLeastOnce. Not with SkipWorkQueue. With
+	// retry queues (RetryDelays, SingleRetryDelay) it refuses a classic work
+	// queue's length limit with x-overflow reject-publish too: a retry that
+	// comes back while the queue is full is refused, and RabbitMQ drops it.
 	QueueArguments amqp.Table
 	// SkipWorkQueue leaves the work queue to someone else: only the exchange,
 	// dead-letter and retry queues are declared, and the work queue's own
@@ -242,6 +245,9 @@ func (t Topology) Validate() error {
 	if t.SingleRetryDelay > 0 {
 		errs = append(errs, t.singleDelayCycles()...)
 	}
+	if err := t.retryRefusedWhenFull(); err != nil {
+		errs = append(errs, err)
+	}
 	if t.RetryQueueName != nil && t.SingleRetryDelay > 0 {
 		bad("dlx: Topology.RetryQueueName is not used with Topology.SingleRetryDelay %v: that layout's retry queue is always Queue+\".retry\" (%q)",
 			t.SingleRetryDelay, t.SingleRetryQueue())
@@ -307,6 +313,31 @@ func (t Topology) singleDelayCycles() []error {
 		}
 	}
 	return errs
+}
+
+// retryRefusedWhenFull refuses a classic work queue that refuses what its
+// retry queues send back while it is full: a length limit with x-overflow
+// reject-publish. The retry queue's TTL dead-letters the message back to the
+// work queue, dead-lettering is not confirmed, and RabbitMQ drops what the
+// full queue refuses without a word (tested on 3.10.8, 4.0.5 and 4.3.6:
+// work queue, retry queue and DLQ without it). A quorum work queue takes
+// such a message past its limit on those versions.
+func (t Topology) retryRefusedWhenFull() error {
+	if t.Type == Quorum || t.SkipWorkQueue || (len(t.RetryDelays) == 0 && t.SingleRetryDelay == 0) {
+		return nil
+	}
+	_, count := t.QueueArguments["x-max-length"]
+	_, bytes := t.QueueArguments["x-max-length-bytes"]
+	if overflow, _ := t.QueueArguments["x-overflow"].(string); overflow != "reject-publish" || (!count && !bytes) {
+		return nil
+	}
+	from, instead := "its retry tiers", `leave x-overflow out (drop-head dead-letters the oldest message to the DLQ), set it to "reject-publish-dlx" `+
+		"(the refused retry goes to the DLQ), or use Type: dlx.Quorum"
+	if t.SingleRetryDelay > 0 {
+		from, instead = t.SingleRetryQueue(), "drop the length limit, or use Type: dlx.Quorum"
+	}
+	return fmt.Errorf(`dlx: Topology.QueueArguments["x-overflow"] = "reject-publish" with a length limit: a retry sent back by %s while the classic work queue %s is full `+
+		"is refused, and RabbitMQ drops it without a word (dead-lettering is not confirmed): %s", from, t.Queue, instead)
 }
 
 // ownedArgument is a work queue argument that Declare sets itself: a value

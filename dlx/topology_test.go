@@ -498,6 +498,10 @@ func TestValidateRefusesWhatDeclareWouldNotDo(t *testing.T) {
 			`Topology.QueueArguments["x-delivery-limit"] = 9: Declare sets it to Topology.DeliveryLimit, 5`},
 		{"x-queue-type in QueueArguments", dlx.Topology{Queue: "q", QueueArguments: amqp.Table{"x-queue-type": "quorum"}},
 			`Topology.QueueArguments["x-queue-type"] = "quorum": the retry queues and the DLQ would not get it; set Topology.Type`},
+		{"reject-publish, classic tiers", dlx.Topology{Queue: "q", RetryDelays: []time.Duration{time.Second}, QueueArguments: amqp.Table{"x-max-length": int64(10), "x-overflow": "reject-publish"}},
+			`Topology.QueueArguments["x-overflow"] = "reject-publish" with a length limit: a retry sent back by its retry tiers while the classic work queue q is full is refused, and RabbitMQ drops it`},
+		{"reject-publish, classic single delay", dlx.Topology{Queue: "q", SingleRetryDelay: time.Second, QueueArguments: amqp.Table{"x-max-length-bytes": int64(1 << 20), "x-overflow": "reject-publish"}},
+			`a retry sent back by q.retry while the classic work queue q is full is refused, and RabbitMQ drops it without a word (dead-lettering is not confirmed): drop the length limit, or use Type: dlx.Quorum`},
 		{"x-queue-type in DLQArguments", dlx.Topology{Queue: "q", Type: dlx.Quorum, DLQArguments: amqp.Table{"x-queue-type": "classic"}},
 			`Topology.DLQArguments["x-queue-type"] = "classic": the other queues of the topology would not get it; set Topology.Type`},
 	}
@@ -520,7 +524,7 @@ func TestValidateAcceptsWhatDeclarePassesOn(t *testing.T) {
 		"quorum x-delivery-limit":  {Queue: "q", Type: dlx.Quorum, QueueArguments: amqp.Table{"x-delivery-limit": int64(5)}},
 		"DLQArguments":             {Queue: "q", DLQArguments: amqp.Table{"x-max-length": int64(10), "x-dead-letter-exchange": "graveyard"}},
 		"RetryQueueName, tiers":    {Queue: "q", RetryDelays: []time.Duration{time.Second}, RetryQueueName: func(time.Duration) string { return "r" }},
-		"single delay, arguments":  {Queue: "q", SingleRetryDelay: time.Second, QueueArguments: amqp.Table{"x-max-length": int64(10), "x-overflow": "reject-publish"}},
+		"single delay, arguments":  {Queue: "q", Type: dlx.Quorum, SingleRetryDelay: time.Second, QueueArguments: amqp.Table{"x-max-length": int64(10), "x-overflow": "reject-publish"}},
 		"quorum DLQ as it was":     {Queue: "q", Type: dlx.Quorum, DLQWithBrokerDefaultLimit: true},
 		"quorum DLQ limit of mine": {Queue: "q", Type: dlx.Quorum, DLQArguments: amqp.Table{"x-delivery-limit": int64(1000)}},
 		// What Declare sets anyway, said again: harmless, and in configurations

@@ -436,10 +436,11 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 		err = c.call(dd, c.handle, d)
 	}
 	settlement := middleware.SettlementFor(err)
-	if settlement == middleware.Requeue && ctx.Err() != nil {
+	if (settlement == middleware.Requeue || settlement == middleware.Reject) && ctx.Err() != nil {
 		// The listener ended the delivery's context (the shutdown timeout
 		// passed, its channel died): what failed then is not the message's
-		// fault, and it goes back with a nack.
+		// fault, even a Permanent error (a lookup cut off, say), and it goes
+		// back with a nack, not to the queue's DLX.
 		err = &middleware.InterruptedError{Reason: context.Cause(ctx), Last: err}
 		settlement = middleware.Release
 	}

@@ -176,7 +176,9 @@
 // deliveries waiting between retries (they are requeued at once), gives
 // running handlers WithShutdownTimeout to finish, then cancels their context,
 // requeues what is left, closes, and returns nil. No delivery interrupted this
-// way reaches a recoverer: a shutdown never sends a message to the DLQ.
+// way reaches a recoverer, and one whose handler, cut off, returns a
+// Permanent error is handed back too, not rejected to the queue's DLX: a
+// shutdown never sends a message to the DLQ.
 //
 // # Invalid options
 //

@@ -23,7 +23,8 @@
 // list and show take messages without acking them and hand them back, in
 // place, with basic.nack when they end: on a quorum queue with a delivery
 // limit RabbitMQ 4.0 counts each look as a delivery (4.3 no longer counts a
-// nack), and 4.x gives quorum queues a limit of 20 unless set otherwise, past
+// nack, but counts a look cut off by a killed command or a lost connection,
+// as every version does), and 4.x gives quorum queues a limit of 20 unless set otherwise, past
 // which a DLQ drops the message. dlx.Topology declares its quorum DLQ with a
 // limit of math.MaxInt32 for that reason (see dlx.Topology.DLQArguments); a
 // quorum DLQ declared without one should not be listed 20 times on 4.0.

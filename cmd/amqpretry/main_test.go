@@ -40,6 +40,13 @@ func withDeadLetters(t *testing.T, n int) dlx.Topology {
 	if err := topo.Declare(brokertest.Channel(t, brokertest.Dial(t))); err != nil {
 		t.Fatal(err)
 	}
+	return withDeadLettersOn(t, topo, n)
+}
+
+// withDeadLettersOn puts n annotated dead letters on the DLQ of topo,
+// declared.
+func withDeadLettersOn(t *testing.T, topo dlx.Topology, n int) dlx.Topology {
+	t.Helper()
 	pub, err := publisher.New(brokertest.URL())
 	if err != nil {
 		t.Fatal(err)
