@@ -376,3 +376,20 @@ func TestHeadersThatFillTheFrameStillReachTheDLQ(t *testing.T) {
 		t.Error("headers were dropped, though they fit")
 	}
 }
+
+// A publisher that publishes events without mandatory still cannot lose a
+// dead letter: Republish asks for mandatory on every publish, so a DLX that
+// routes the copy nowhere is an error, and the original stays.
+func TestRepublishIsMandatoryWhateverThePublisher(t *testing.T) {
+	ex := brokertest.Name(t, "dlx-to-nowhere")
+	brokertest.Exchange(t, ex, "direct")
+	pub, err := publisher.New(brokertest.URL(), publisher.WithMandatory(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	err = recoverer.Republish(pub, ex, "orders").Recover(context.Background(), &amqp.Delivery{Body: []byte("x")}, errors.New("boom"))
+	if !errors.Is(err, publisher.ErrUnroutable) {
+		t.Errorf("Recover = %v, want ErrUnroutable: a dead letter no queue takes is not safely anywhere", err)
+	}
+}
