@@ -213,6 +213,10 @@ var _ middleware.Recoverer = (*RedeliveryRecoverer)(nil)
 //	middleware.Chain(middleware.Retry(3), middleware.Recover(topo.Redeliver(pub)))
 //
 // makes three quick attempts per delivery, then the broker's slower ones.
+// Should the publish to the DLQ fail on the last delivery (the publisher
+// cut off for longer than the publish timeout), the listener requeues the
+// message as for any failed recovery, and the broker, past its limit,
+// dead-letters it itself: it reaches the DLQ without the fault headers.
 // On a broker older than 4.3 with FallbackToTiers it recovers through the
 // TierEquivalent layout instead (it knows the broker from the delivery's
 // channel, as the listener opens it). Redeliver panics if the topology is

@@ -69,7 +69,9 @@ type Topology struct {
 	QueueArguments amqp.Table
 	// SkipWorkQueue leaves the work queue to someone else: only the exchange,
 	// dead-letter and retry queues are declared, and the work queue's own
-	// dead-lettering (a policy, say) is yours to set.
+	// dead-lettering (a policy, say) is yours to set. The work queue must
+	// exist before a retry leaves a tier: the broker drops a message
+	// dead-lettered to a queue that is not there.
 	SkipWorkQueue bool
 
 	// Exchange, when set, is declared (ExchangeKind, default "direct") and the
@@ -117,7 +119,12 @@ type Topology struct {
 	// x-delivery-limit int64(math.MaxInt32) instead (see DLQArguments), so
 	// that RabbitMQ 4's default of 20 never drops a dead letter.
 	DeliveryLimit int
-	// DLQArguments are added to the dead-letter queue's arguments. A quorum
+	// DLQArguments are added to the dead-letter queue's arguments. A DLQ
+	// has no dead-letter exchange of its own, so what it drops is gone:
+	// x-message-ttl, x-expires and a length limit without
+	// x-overflow=reject-publish throw dead letters away without a word
+	// (tested on 3.10, 4.0 and 4.3). Use them only for dead letters you
+	// mean to lose after a while. A quorum
 	// DLQ gets x-delivery-limit int64(math.MaxInt32), unlimited in practice on
 	// RabbitMQ 3.10 and 4.x alike, unless DLQArguments names another (not -1,
 	// which is unlimited on 4 but drops a message at its first return on
