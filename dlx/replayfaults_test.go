@@ -20,6 +20,9 @@ import (
 // queue or still on the DLQ, the one caught in the fault on both at worst.
 // A second replay then moves the rest.
 func TestReplayUnderFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a fault matrix of a minute or more: make test runs it in the newest broker's suite; the older brokers' suites run with -short")
+	}
 	for _, typ := range []dlx.QueueType{dlx.Classic, dlx.Quorum} {
 		for _, f := range tierFaults {
 			t.Run(fmt.Sprintf("%s/%s", typ, f.name), func(t *testing.T) {

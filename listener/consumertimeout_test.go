@@ -32,9 +32,6 @@ func TestSlowHandlerUnderAShortConsumerTimeoutLosesNothing(t *testing.T) {
 	if brokertest.Major(t) < 4 {
 		t.Skip("RabbitMQ 3.x applies no per-queue consumer timeout (3.10 ignores x-consumer-timeout); its global consumer_timeout is shared")
 	}
-	if testing.Short() {
-		t.Skip("the broker checks consumer timeouts on its channel tick, once a minute by default")
-	}
 	v43 := brokertest.AtLeast(t, 4, 3)
 	type layout struct {
 		name     string

@@ -31,6 +31,9 @@ func quorumDeadLetters(t *testing.T, n int) dlx.Topology {
 // messages taken so far, which 4.0 and 4.3 count. The quorum DLQ loses none
 // of its dead letters.
 func TestListCutMidPeekLosesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a fault test of many seconds: make test runs it in the newest broker's suite; the older brokers' suites run with -short")
+	}
 	const n = 5
 	topo := quorumDeadLetters(t, n)
 	proxy, url := brokertest.Proxy(t)
@@ -68,6 +71,9 @@ func TestListCutMidPeekLosesNothing(t *testing.T) {
 // command gives up once the heartbeat says the broker is gone, and every
 // dead letter is back on the DLQ once the connection ends.
 func TestListFrozenMidPeekLosesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a fault test of many seconds: make test runs it in the newest broker's suite; the older brokers' suites run with -short")
+	}
 	const n = 5
 	topo := quorumDeadLetters(t, n)
 	proxy, url := brokertest.Proxy(t)
