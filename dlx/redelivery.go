@@ -1,6 +1,7 @@
 package dlx
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -78,7 +79,7 @@ func (r DelayedRedelivery) validate(t Topology) []error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if t.Type != Quorum {
-		bad("dlx: Topology.DelayedRedelivery is a quorum queue's delayed retry (RabbitMQ 4.3): it needs Type: dlx.Quorum, got %q", cmpOr(t.Type))
+		bad("dlx: Topology.DelayedRedelivery is a quorum queue's delayed retry (RabbitMQ 4.3): it needs Type: dlx.Quorum, got %q", cmp.Or(t.Type, Classic))
 	}
 	if len(t.RetryDelays) > 0 || t.SingleRetryDelay > 0 {
 		bad("dlx: Topology.DelayedRedelivery has the work queue wait itself: drop Topology.RetryDelays and Topology.SingleRetryDelay (or DelayedRedelivery, for TTL tiers)")
@@ -102,13 +103,6 @@ func (r DelayedRedelivery) validate(t Topology) []error {
 		bad("dlx: Topology.DeliveryLimit %d and Topology.DelayedRedelivery.Redeliveries %d both set the work queue's x-delivery-limit: drop DeliveryLimit", t.DeliveryLimit, r.Redeliveries)
 	}
 	return errs
-}
-
-func cmpOr(t QueueType) QueueType {
-	if t == "" {
-		return Classic
-	}
-	return t
 }
 
 // arguments are the work queue's arguments for the broker's delayed retry.

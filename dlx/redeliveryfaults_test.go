@@ -55,25 +55,13 @@ func newRedeliveryRig(t *testing.T) *redeliveryRig {
 // run starts a listener; the returned stop ends it and waits.
 func (r *redeliveryRig) run(t *testing.T) (stop func()) {
 	chain := middleware.Recover(r.topo.Redeliver(r.pub, dlx.WithRepublishOptions(recoverer.WithPublishTimeout(time.Second))))
-	l, err := listener.New(r.topo.Queue, chain, func(ctx context.Context, d *amqp.Delivery) error {
+	return runListener(t, r.topo, chain, func(ctx context.Context, d *amqp.Delivery) error {
 		if f := r.on[dlx.Deliveries(d)]; f != nil {
 			f()
 		}
 		return errors.New("boom")
-	}, listener.WithURL(r.lurl), listener.WithLogger(quiet), listener.WithDeclare(r.topo.Declare),
+	}, listener.WithURL(r.lurl), listener.WithLogger(quiet), // the proxy's URL, after runListener's
 		listener.WithRequeueDelay(50*time.Millisecond, 200*time.Millisecond), listener.WithShutdownTimeout(r.shutdownTimeout))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	return func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}
 }
 
 // deadLetters waits for the message to have left the work queue for the

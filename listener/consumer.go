@@ -459,8 +459,10 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 			settlement = middleware.Release
 		}
 	}
-	if settlement == middleware.Requeue && !redeliversThroughBroker(err) {
-		// (A redelivery through the broker waits in the queue instead.)
+	// A redelivery through the broker (dlx's Redeliver) waits in the queue
+	// instead of here.
+	redeliver := settlement == middleware.Requeue && redeliversThroughBroker(err)
+	if settlement == middleware.Requeue && !redeliver {
 		c.waitBeforeRequeue(dd)
 	}
 	if c.timedOut.Load() {
@@ -489,7 +491,7 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 	l.stats.failed.Add(1)
 	switch {
 	case settlement == middleware.Release: // the listener's doing, not a failure
-	case redeliversThroughBroker(err):
+	case redeliver:
 		// One try of several the broker makes (dlx's Redeliver), as a
 		// Retry's attempt is: the dead letter, if it comes to that, is
 		// logged at warning level.

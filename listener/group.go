@@ -8,8 +8,6 @@ import (
 	"sync"
 
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
-	"github.com/amqpretry/amqpretry/internal/amqpurl"
-	"github.com/amqpretry/amqpretry/internal/errtext"
 )
 
 // Group runs several listeners on one connection, as RabbitMQ advises (one
@@ -61,14 +59,7 @@ func NewGroup(listeners []*Listener, opts ...Option) (*Group, error) {
 		}
 		seen[l] = true
 	}
-	for _, url := range cfg.conn.URLs {
-		if _, err := amqpurl.Parse(url); err != nil {
-			cfg.fail("%s: %v", cfgOr(cfg.urlOption, "WithURL"), err)
-		}
-	}
-	for _, url := range cfg.conn.PlaintextDespiteTLS() {
-		cfg.fail("WithTLS: %s is amqp://, which never uses TLS: use amqps:// (port 5671 by default) or drop WithTLS", url)
-	}
+	cfg.checkConnection()
 	if unused := cfg.onlyConnectionOptions(base); unused != "" {
 		cfg.fail("NewGroup takes connection options only; %s belongs to each listener's New", unused)
 	}
@@ -107,7 +98,15 @@ func (g *Group) Run(ctx context.Context) error {
 	if !g.cfg.urlSet {
 		g.cfg.logger.Warn("listener group: no WithURL or WithURLs: consuming from the default broker", "url", g.redacted)
 	}
-	err := g.loop(runCtx, stopAll, svs)
+	err := connectionLoop{
+		cfg: &g.cfg, who: "listener group", attrs: []any{"listeners", len(svs)},
+		serve: func(conn *amqpconn.Conn) (bool, error) { return g.serve(runCtx, stopAll, conn, svs) },
+		lost: func(err error) {
+			for _, sv := range svs {
+				sv.l.ready.lost(err)
+			}
+		},
+	}.run(ctx, runCtx)
 	var wg sync.WaitGroup
 	for _, sv := range svs {
 		wg.Add(1)
@@ -140,45 +139,6 @@ func (g *Group) WaitReady(ctx context.Context) error {
 
 // Listeners returns the group's listeners, in the order given.
 func (g *Group) Listeners() []*Listener { return append([]*Listener(nil), g.listeners...) }
-
-// loop is supervisor.loop for a shared connection.
-func (g *Group) loop(ctx context.Context, stopAll context.CancelFunc, svs []*supervisor) error {
-	redial := amqpconn.NewRedialer()
-	dialer := amqpconn.NewDialer(g.cfg.conn)
-	everConnected := false
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		conn, err := dial(ctx, dialer, "listener group")
-		if err != nil && g.cfg.failFast && !everConnected && !isFatal(err) {
-			err = &fatalError{fmt.Errorf("%w (WithFailFast: the first connection must succeed)", err)}
-		}
-		if err == nil {
-			everConnected = true
-			g.cfg.logger.Info("listener group: connected", "listeners", len(svs), "url", conn.RedactedURL)
-			var consumed bool
-			consumed, err = g.serve(ctx, stopAll, conn, svs)
-			if consumed {
-				redial.Reset()
-			}
-		}
-		for _, sv := range svs {
-			sv.l.ready.lost(err)
-		}
-		switch {
-		case isFatal(err):
-			return err
-		case ctx.Err() != nil, err == nil:
-			return nil
-		}
-		delay := redial.Next()
-		g.cfg.logger.Warn("listener group: connection problem; redialing", "url", g.redacted, "error", errtext.String(err), "retry_in", delay)
-		if amqpconn.Sleep(ctx, delay) != nil {
-			return nil
-		}
-	}
-}
 
 // serve runs every listener on conn until all have returned: a lost
 // connection ends them all; a fatal error of one stops the others
@@ -237,11 +197,4 @@ func (c config) onlyConnectionOptions(base config) string {
 		return "a telemetry option"
 	}
 	return ""
-}
-
-func cfgOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

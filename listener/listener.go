@@ -1,7 +1,6 @@
 package listener
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
-	"github.com/amqpretry/amqpretry/internal/amqpurl"
 	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/internal/errtext"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
@@ -116,14 +114,7 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	if cfg.max > MaxConsumers {
 		cfg.fail("WithMaxConcurrentConsumers expects at most %d (each consumer is a channel; RabbitMQ allows 2047 per connection), got %d", MaxConsumers, cfg.max)
 	}
-	for _, url := range cfg.conn.URLs {
-		if _, err := amqpurl.Parse(url); err != nil {
-			cfg.fail("%s: %v", cmp.Or(cfg.urlOption, "WithURL"), err)
-		}
-	}
-	for _, url := range cfg.conn.PlaintextDespiteTLS() {
-		cfg.fail("WithTLS: %s is amqp://, which never uses TLS: use amqps:// (port 5671 by default) or drop WithTLS", url)
-	}
+	cfg.checkConnection()
 	if mw == nil {
 		mw = middleware.Chain()
 	}
@@ -256,7 +247,6 @@ type supervisor struct {
 	interruptOnce  sync.Once
 	consumers      sync.WaitGroup // every consumer goroutine, old connections' included
 	consumed       bool           // the current connection has started a consumer (loop's and serve's goroutine only)
-	everConnected  bool           // a dial has succeeded (loop's goroutine only), for WithFailFast
 	closers        sync.WaitGroup // channel and connection closes still waiting for the broker (closeBounded)
 }
 
@@ -288,55 +278,16 @@ func (sv *supervisor) closeBounded(closeFn func() error) {
 
 func (sv *supervisor) loop(ctx context.Context) error {
 	l := sv.l
-	redial := amqpconn.NewRedialer()
-	dialer := amqpconn.NewDialer(l.cfg.conn)
-	var lastAtOnce time.Time
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		conn, err := l.dial(ctx, dialer)
-		var served time.Duration
-		if err != nil && l.cfg.failFast && !sv.everConnected && !isFatal(err) {
-			err = &fatalError{fmt.Errorf("%w (WithFailFast: the first connection must succeed)", err)}
-		}
-		if err == nil {
-			sv.everConnected = true
+	return connectionLoop{
+		cfg: &l.cfg, who: "listener", attrs: []any{"queue", l.queue},
+		serve: func(conn *amqpconn.Conn) (bool, error) {
 			l.ready.connected()
-			l.cfg.logger.Info("listener: connected", "queue", l.queue, "url", conn.RedactedURL)
-			began := time.Now()
 			sv.consumed = false
-			err = sv.serve(ctx, conn)
-			served = time.Since(began)
-			if sv.consumed {
-				// Only a connection that got as far as consuming resets the
-				// backoff: one whose declarations fail every time must not
-				// be redialled at the initial pace for ever.
-				redial.Reset()
-			}
-		}
-		l.ready.lost(err)
-		switch {
-		case ctx.Err() != nil, err == nil:
-			return nil // shutting down, whatever else happened meanwhile
-		case isFatal(err):
-			return err
-		}
-		if dialer.Several() && served >= time.Second && time.Since(lastAtOnce) >= amqpconn.AtOnceEvery {
-			// A node of a cluster went away: the others are likely up, and
-			// the dialer tries the lost one last. A connection that dies as
-			// soon as it opens, or losses in quick succession, are paced
-			// like failed dials instead.
-			lastAtOnce = time.Now()
-			l.cfg.logger.Warn("listener: connection lost; dialing the other nodes", "queue", l.queue, "lost", conn.RedactedURL, "error", errtext.String(err))
-			continue
-		}
-		delay := redial.Next()
-		l.cfg.logger.Warn("listener: connection problem; redialing", "queue", l.queue, "url", l.redacted, "error", errtext.String(err), "retry_in", delay)
-		if amqpconn.Sleep(ctx, delay) != nil {
-			return nil
-		}
-	}
+			err := sv.serve(ctx, conn)
+			return sv.consumed, err
+		},
+		lost: l.ready.lost,
+	}.run(ctx, ctx)
 }
 
 // interruptAll ends every wait of every consumer: shutdown.
@@ -372,10 +323,6 @@ func (sv *supervisor) shutdown() {
 			sv.l.cfg.logger.Error("listener: a handler ignores its cancelled context; Run waits for it", "queue", sv.l.queue, "in_flight", sv.l.Stats().InFlight)
 		}
 	}
-}
-
-func (l *Listener) dial(ctx context.Context, dialer *amqpconn.Dialer) (*amqpconn.Conn, error) {
-	return dial(ctx, dialer, "listener")
 }
 
 // dial connects; a refused login or certificate, which redialing cannot

@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"cmp"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqphdr"
+	"github.com/amqpretry/amqpretry/internal/amqpurl"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
@@ -84,6 +86,19 @@ func defaultConfig() config {
 
 func (c *config) fail(format string, args ...any) {
 	c.errs = append(c.errs, fmt.Errorf("listener: "+format, args...))
+}
+
+// checkConnection records what is wrong with the connection options: a URL
+// that does not parse, a TLS config beside an amqp:// URL.
+func (c *config) checkConnection() {
+	for _, url := range c.conn.URLs {
+		if _, err := amqpurl.Parse(url); err != nil {
+			c.fail("%s: %v", cmp.Or(c.urlOption, "WithURL"), err)
+		}
+	}
+	for _, url := range c.conn.PlaintextDespiteTLS() {
+		c.fail("WithTLS: %s is amqp://, which never uses TLS: use amqps:// (port 5671 by default) or drop WithTLS", url)
+	}
 }
 
 // WithURL sets the broker, amqp:// or amqps://. Default

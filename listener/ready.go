@@ -32,8 +32,19 @@ func (r *readiness) set(change func(*readiness)) {
 	r.changed = make(chan struct{})
 }
 
-func (r *readiness) connected()        { r.set(func(r *readiness) { r.connectedSince = time.Now() }) }
-func (r *readiness) consuming(ok bool) { r.set(func(r *readiness) { r.ready = ok }) }
+func (r *readiness) connected() { r.set(func(r *readiness) { r.connectedSince = time.Now() }) }
+
+// consuming records whether the listener consumes with its concurrent
+// consumers. It runs on every scaling tick, so it wakes the waiters only
+// when that changes.
+func (r *readiness) consuming(ok bool) {
+	r.mu.Lock()
+	same := r.ready == ok
+	r.mu.Unlock()
+	if !same {
+		r.set(func(r *readiness) { r.ready = ok })
+	}
+}
 func (r *readiness) lost(err error) {
 	r.set(func(r *readiness) {
 		r.ready, r.connectedSince = false, time.Time{}

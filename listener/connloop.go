@@ -1,0 +1,79 @@
+package listener
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/amqpretry/amqpretry/internal/amqpconn"
+	"github.com/amqpretry/amqpretry/internal/errtext"
+)
+
+// connectionLoop dials, serves and redials: a Listener's Run and a Group's
+// share it, each with its own serve.
+type connectionLoop struct {
+	cfg   *config
+	who   string // "listener" or "listener group", for logs and errors
+	attrs []any  // what the logs add: the queue, or the group's size
+	// serve consumes on conn until ctx is done, the connection is lost or
+	// something fatal happens; consumed: it got as far as consuming.
+	serve func(conn *amqpconn.Conn) (consumed bool, err error)
+	lost  func(err error) // a connection ended, or a dial failed
+}
+
+// run loops until ctx is done (it returns nil) or a dial or serve fails
+// fatally (it returns that). serveCtx is what dials and sleeps end with:
+// ctx, or for a Group a context it also cancels when one listener fails.
+func (cl connectionLoop) run(ctx, serveCtx context.Context) error {
+	cfg := cl.cfg
+	redial := amqpconn.NewRedialer()
+	dialer := amqpconn.NewDialer(cfg.conn)
+	redacted := cfg.conn.Redacted()
+	var lastAtOnce time.Time
+	everConnected := false
+	for {
+		if ctx.Err() != nil || serveCtx.Err() != nil {
+			return nil
+		}
+		conn, err := dial(serveCtx, dialer, cl.who)
+		if err != nil && cfg.failFast && !everConnected && !isFatal(err) {
+			err = &fatalError{fmt.Errorf("%w (WithFailFast: the first connection must succeed)", err)}
+		}
+		var served time.Duration
+		if err == nil {
+			everConnected = true
+			cfg.logger.Info(cl.who+": connected", append(cl.attrs, "url", conn.RedactedURL)...)
+			began := time.Now()
+			var consumed bool
+			consumed, err = cl.serve(conn)
+			served = time.Since(began)
+			if consumed {
+				// Only a connection that got as far as consuming resets the
+				// backoff: one whose declarations fail every time must not
+				// be redialled at the initial pace for ever.
+				redial.Reset()
+			}
+		}
+		cl.lost(err)
+		switch {
+		case ctx.Err() != nil, err == nil:
+			return nil // shutting down, whatever else happened meanwhile
+		case isFatal(err):
+			return err
+		}
+		if dialer.Several() && served >= time.Second && time.Since(lastAtOnce) >= amqpconn.AtOnceEvery {
+			// A node of a cluster went away: the others are likely up, and
+			// the dialer tries the lost one last. A connection that dies as
+			// soon as it opens, or losses in quick succession, are paced
+			// like failed dials instead.
+			lastAtOnce = time.Now()
+			cfg.logger.Warn(cl.who+": connection lost; dialing the other nodes", append(cl.attrs, "lost", conn.RedactedURL, "error", errtext.String(err))...)
+			continue
+		}
+		delay := redial.Next()
+		cfg.logger.Warn(cl.who+": connection problem; redialing", append(cl.attrs, "url", redacted, "error", errtext.String(err), "retry_in", delay)...)
+		if amqpconn.Sleep(serveCtx, delay) != nil {
+			return nil
+		}
+	}
+}
