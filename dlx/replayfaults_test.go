@@ -65,7 +65,13 @@ func replayUnderFault(t *testing.T, typ dlx.QueueType, f tierFault) {
 	defer cancel()
 	stats, err := dlx.Replay(ctx, ch, pub, topo.DLQ())
 	t.Logf("first replay: %+v, %v", stats, err)
+	// The fault ends. A healthy connection closes in order (its close-ok
+	// follows the acks sent before it); then a frozen one is cut, so the
+	// broker hands back at once what it holds unacked there instead of
+	// after its heartbeat timeout, which a loaded machine stretched past
+	// the wait below.
 	_ = conn.Close()
+	gproxy.CutAll()
 
 	// What the fault left on the DLQ goes the same way, undisturbed.
 	brokertest.Eventually(t, 10*time.Second, "the DLQ holds what the first replay did not ack", func() bool {
