@@ -46,7 +46,7 @@ func returns(t *testing.T, queue string, max int, nack bool) (delivered int, las
 	return delivered, lastCount
 }
 
-// What the README's RabbitMQ 4 section says of a quorum DLQ, on the broker
+// What docs/rabbitmq-versions.md says of a quorum DLQ, on the broker
 // under test: the Topology's DLQ keeps a dead letter however often it is
 // looked at; declared without x-delivery-limit (DLQWithBrokerDefaultLimit) it
 // has the broker's default limit (none on 3, 20 on 4, where being looked at

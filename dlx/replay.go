@@ -59,8 +59,8 @@ func ReplayProgress(f func(ReplayStats)) ReplayOption {
 	return func(c *replayConfig) { c.progress = f }
 }
 
-// Replay moves messages from the dead-letter queue dlq back to work, the
-// articles' "after fixing the bug, put the failed messages back". Each
+// Replay moves messages from the dead-letter queue dlq back to work once the
+// bug that sent them there is fixed. Each
 // message is published with pub, and acked on the DLQ only once the broker has
 // confirmed the copy, so an interrupted replay loses nothing (a message caught
 // between the two steps is on both queues). Fault, retry and death headers are

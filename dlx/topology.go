@@ -42,8 +42,10 @@ const (
 //	Q.retry.1m    through the default exchange with routing key Q, so the message
 //	...           returns to Q and to no other queue bound to Q's routing key
 //
-// With SingleRetryDelay instead of RetryDelays, the layout of the classic
-// articles: Q dead-letters into one Q.retry queue whose TTL sends messages
+// With SingleRetryDelay instead of RetryDelays, the common single-delay
+// layout built from RabbitMQ's dead-lettering and queue TTL
+// (https://www.rabbitmq.com/docs/dlx, https://www.rabbitmq.com/docs/ttl):
+// Q dead-letters into one Q.retry queue whose TTL sends messages
 // back, and a rejection is a retry, atomically in the broker (see
 // RejectToRetry). There a rejection never reaches the DLQ: a Permanent error
 // with no recoverer, or recoverer.Reject(), sends the message round Q.retry
@@ -94,7 +96,7 @@ type Topology struct {
 	// ("orders.retry.10s", "orders.retry.1m"). Not with SingleRetryDelay,
 	// whose one retry queue is always Queue+".retry".
 	RetryQueueName func(delay time.Duration) string
-	// SingleRetryDelay selects the articles' layout with one retry queue,
+	// SingleRetryDelay selects the single-delay layout with one retry queue,
 	// Queue+".retry", instead of RetryDelays. The work queue then
 	// dead-letters every rejection into the retry queue, which returns it
 	// after the delay: only a recoverer that publishes takes a message to the

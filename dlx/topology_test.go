@@ -276,7 +276,7 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	dlx.Topology{}.Tiers(&pubtest.Publisher{}, dlx.MaxRetries(-2))
 }
 
-// The articles' layout: a rejection is a retry, atomically in the broker.
+// The single-delay layout: a rejection is a retry, atomically in the broker.
 func TestSingleRetryDelayLayout(t *testing.T) {
 	topo := topology(t, dlx.Topology{SingleRetryDelay: 300 * time.Millisecond})
 	declare(t, topo)

@@ -4,22 +4,57 @@
 // grows and shrinks with the load, redials after losses and shuts down without
 // losing a message.
 //
+//	topo := dlx.Topology{Queue: "orders"} // orders, orders.dlx, orders.dlq
 //	l, err := listener.New("orders",
-//		middleware.Chain(middleware.Retry(5), middleware.Recover(dlq)), handle,
-//		listener.WithURL(url), listener.WithConcurrentConsumers(2), listener.WithMaxConcurrentConsumers(10))
-//	err = l.Run(ctx) // blocks until ctx is done
+//		middleware.Chain(middleware.Retry(5), middleware.Recover(recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey()))),
+//		handle,
+//		listener.WithURL(url), listener.WithDeclare(topo.Declare),
+//		listener.WithConcurrentConsumers(2), listener.WithMaxConcurrentConsumers(10))
+//	if err != nil {
+//		return err // an invalid option, named with its value
+//	}
+//	return l.Run(ctx) // until ctx is done, then a graceful shutdown
 //
-// # Consumers
+// Several queues in one process run in a Group: one connection for all of
+// them, started, made ready and stopped together. WaitReady blocks until a
+// listener consumes; Stats has what a readiness probe needs.
 //
-// Each consumer is one AMQP channel with its own basic.qos prefetch and
-// basic.consume, so the broker's consumer count is the listener's size. A
-// consumer runs one handler at a time: every delivery goes through mw(gate(h)),
-// and the gate, held while the handler runs, sits inside the chain. A delivery
-// runs on the goroutine that read it; when it is about to wait between
-// retries (middleware.WillWait), it is parked and a new goroutine takes over
-// the reading. So a healthy message costs no goroutine of its own, a delivery
-// waiting between retries holds no worker, and the healthy messages behind a
+// # What the listener does with a message
+//
+// Only the listener acks or rejects, one delivery at a time, on the channel
+// the delivery came from, once the chain has returned:
+//
+//	nil                                   → ack
+//	Permanent(err), no recoverer          → reject without requeue (the queue's own DLX, if any)
+//	the recoverer put it elsewhere        → ack, after the broker confirmed the copy
+//	the recoverer failed                  → reject with requeue: never lost
+//	recoverer.Reject()                    → reject without requeue (the queue's own DLX)
+//	any other error                       → reject with requeue
+//	shutdown, a lost connection           → nack with requeue, never the DLQ
+//
+// A redelivered message that fails again without a recoverer waits a
+// bounded delay first (WithRequeueDelay), so a poison message cannot spin
+// the broker. If the channel a delivery came from has died, the broker has
+// requeued it already, and it is never acked on another channel. Rejections
+// are failures of the message and nacks are not: from RabbitMQ 4.3 a quorum
+// queue counts only rejections toward its delivery limit.
+//
+// # Consumers and scaling
+//
+// Each consumer is one AMQP channel with its own basic.qos prefetch
+// (WithPrefetch, 250) and basic.consume, so the broker's consumer count is
+// the listener's size. A consumer runs one handler at a time. A delivery
+// waiting between retries holds no consumer: the healthy messages behind a
 // poison one keep flowing.
+//
+// Between WithConcurrentConsumers and WithMaxConcurrentConsumers, the
+// listener looks at its consumers every 250ms (WithScaleInterval). When they
+// are busy (75% of the time in their handler, or every prefetch slot taken)
+// and a passive declare shows messages ready in the queue, it adds as many
+// consumers as would drain the backlog within two seconds at the measured
+// rate, several at once. A consumer above the minimum with nothing in flight
+// and no work for WithIdleTimeout (10s) is stopped. Decisions are logged at
+// debug level and visible in Stats.
 //
 // # What a handler must not do
 //
@@ -37,33 +72,21 @@
 //
 // # Consumer timeout
 //
-// RabbitMQ closes a consumer's channel when a delivery stays unacknowledged
-// past its consumer_timeout (30 minutes by default), and every delivery on
-// that channel goes back to the queue. New refuses a chain whose Retries'
-// waits, plus the handler's middleware.Timeout on every attempt, may last
-// that long (WithConsumerTimeout tells it the broker's setting); it finds
-// them by building the chain, never by running it. When the broker does
-// close a channel for it (406 "delivery acknowledgement on channel N timed
-// out"), the listener logs an error naming the queue and the settings that
-// decide the timeout, and replaces the consumer; the deliveries come back.
-// RabbitMQ 4.3 times out quorum queues only, and cancels the consumer
-// instead of closing its channel, taking its deliveries back uncounted: the
-// listener logs that, cancels the handlers of those deliveries, neither
-// handles nor settles the rest of them (another consumer gets them) and
-// replaces the consumer. WithConsumerTimeoutArgument asks for a timeout per
-// consumer, which 4.3 honours on quorum queues and refuses on classic ones
-// (Run ends with an error naming it), and 3.10.8 and 4.0.5 accept and
-// ignore; on 4.0 the queue's x-consumer-timeout argument works, checked on
-// the channel's tick (once a minute by default). What New cannot
-// know without a Timeout, the handler's time on each attempt and a delivery's turns
-// behind the rest of the prefetch, the listener watches at run time: it logs
-// a warning, once per delivery, when the oldest delivery in flight reaches
-// 80% of the timeout, and Stats().OldestInFlight shows that age. It counts
-// from when the listener read the delivery; a delivery prefetched behind a
-// busy handler waited in the client before that, so with slow handlers keep
-// WithPrefetch × handler time well under the timeout: the listener warns,
-// once per consumer, when its prefetch times its mean handler time reaches
-// that 80%.
+// RabbitMQ closes a consumer's channel (4.3: cancels the consumer of a
+// quorum queue) when a delivery stays unacknowledged past its
+// consumer_timeout, 30 minutes by default, and every delivery on it goes
+// back to the queue. New refuses a chain whose Retries' waits, plus the
+// handler's middleware.Timeout on every attempt, may last that long
+// (WithConsumerTimeout tells it the broker's setting). At run time the
+// listener warns when the oldest delivery in flight reaches 80% of the
+// timeout (Stats().OldestInFlight), and once per consumer when its prefetch
+// times its mean handler time does. When the broker does time a consumer
+// out, the listener logs an error naming the queue and the settings that
+// decide the timeout and replaces the consumer; the deliveries come back.
+// WithConsumerTimeoutArgument asks for a timeout per consumer, which only
+// RabbitMQ 4.3 honours (on quorum queues; a classic queue refuses it and Run
+// ends with an error naming it). What each RabbitMQ version does:
+// docs/consumer-timeout.md in the repository.
 //
 // # Redelivery limit
 //
@@ -75,72 +98,28 @@
 // counted n times before goes to the recoverer of the chain's innermost
 // Recover with a *RedeliveryLimitError (ErrRedeliveryLimit) before any
 // middleware or the handler runs, or is rejected without requeue when the
-// chain has no Recover. The process span gets an EventRedeliveryLimit event;
-// recoverer.Republish writes the error into the fault headers.
-//
-// A crash returns every delivery in flight, and the broker counts one for
-// each: at full prefetch, the messages beside the one that kills the process
-// would reach the limit with it. So with the option each connection starts
-// carefully: one consumer at prefetch 1 while the returned messages come back
-// (the broker delivers them first), so that a crash counts only the message
-// that causes it; the first message never delivered before, once the
-// consumer has run a second, or a second without a handler running, ends
-// it. Two broker facts bound what n means (RabbitMQ 3.10.8 and 4.0.5):
-// every return counts (a lost connection, a requeue after a failure, a nack
-// at shutdown); and a connection that dies with several quorum consumers may
-// count the deliveries of one of them twice. Choose n of 3 or more, and
-// below the queue's own x-delivery-limit (20 by default on RabbitMQ 4).
-// Classic queues give no count, only the redelivered flag, which one lost
-// connection sets: the limit does not act on them, and the listener logs so
-// once.
+// chain has no Recover. With the option each connection starts with one
+// consumer at prefetch 1 while the returned messages come back, so that a
+// crash counts only the message that causes it. Every return counts (a
+// lost connection, a requeue after a failure, on RabbitMQ before 4.3 a nack
+// at shutdown): choose n of 3 or more, below the queue's own
+// x-delivery-limit (20 by default on RabbitMQ 4). Classic queues give no
+// count, and there the limit does not act (the listener logs so once).
+// More: docs/redelivery-limit.md.
 //
 // # Kill switch
 //
 // During a downstream outage every delivery fails, exhausts its retries and
 // goes to the DLQ: the whole queue, to be replayed by hand. WithKillSwitch
 // (MassTransit's kill switch) stops consuming instead: when, over the
-// tracking period, at least ActivationThreshold deliveries ended and the share
-// that failed for good reaches TripThreshold, the listener cancels its
-// consumers and ends their deliveries' waits, so what was in flight goes back
-// to the queue with a nack and nothing reaches the recoverer because of the
-// trip. A failure is counted as it is about to go to the recoverer (Recover
-// asks the listener first), so the one that trips the switch goes back too. After RestartTimeout (doubled at each trip in a row, up to
-// MaxRestartTimeout) one consumer at prefetch 1 probes; its first success
-// brings the others back, a failure trips it again. Stats().KillSwitch
-// shows the state; trips, probes and resumptions are logged.
-//
-// The breaker's state machine is ours, about a hundred lines. sony/gobreaker
-// v2.4.0 was the candidate: go 1.22, no dependency outside its tests, a
-// rolling window (BucketPeriod), ReadyToTrip over its counts for the trip
-// threshold and minimum activity, and a two-step API for outcomes reported
-// after the fact. failsafe-go v0.9.8's circuit breaker needs go 1.22 too but
-// brings gRPC and protobuf into the module graph. We use neither: the
-// library's dependencies are a closed list (amqp091-go, backoff/v4,
-// OpenTelemetry), gobreaker's open state has one fixed Timeout where the
-// kill switch backs off, and what matters here, stopping consumers and
-// keeping in-flight deliveries from the recoverer, is the listener's either
-// way.
-//
-// # Scaling
-//
-// Between WithConcurrentConsumers and WithMaxConcurrentConsumers, the listener
-// looks at its consumers every 250ms (WithScaleInterval). When they are busy
-// (75% of the time in their handler, or every prefetch slot taken) and a
-// passive declare shows messages ready in the queue, it adds as many consumers
-// as would drain the backlog within two seconds at the measured rate, several
-// at once. A consumer above the minimum with nothing in flight and no work for
-// WithIdleTimeout (10s) is stopped. Decisions are logged at debug level and
-// visible in Stats.
-//
-// # Settlement
-//
-// Only the listener acks or rejects, one delivery at a time
-// (middleware.Settle): nil acks; Permanent rejects without requeue; other
-// errors requeue; a redelivered message that fails again waits a bounded
-// delay (WithRequeueDelay) first, so a poison message without a recoverer
-// cannot spin the broker. A delivery is always settled on the channel it came
-// from: if that channel has died, the broker has already requeued it, and it
-// is never acked on another.
+// tracking period, at least ActivationThreshold deliveries ended and the
+// share that failed for good reaches TripThreshold, the listener cancels its
+// consumers, and what was in flight goes back to the queue with a nack,
+// never to the DLQ because of the trip. After RestartTimeout (doubled at
+// each trip in a row, up to MaxRestartTimeout) one consumer at prefetch 1
+// probes; its first success brings the others back, a failure trips it
+// again. Stats().KillSwitch shows the state; trips, probes and resumptions
+// are logged. More: docs/kill-switch.md.
 //
 // # Connection
 //
@@ -148,13 +127,15 @@
 // jitter. Given the nodes of a cluster (WithURLs), each dial tries them in a
 // random order and logs the node it reached; after losing a connection that
 // was up, it dials the other nodes at once, the lost one last. After a loss
-// it opens a fresh connection and channels, runs
-// WithDeclare again and resumes; the backoff is reset only once a connection
-// gets as far as consuming. A refused login, a declaration the broker
-// refuses, or a basic.consume it refuses (403, 405, 406) ends Run with the
-// error: retrying cannot heal a refusal. A missing queue is retried with backoff
-// (or ends Run with WithMissingQueueFatal). A consumer cancelled by the broker
-// (queue deleted) or whose channel was closed (consumer_timeout) is replaced.
+// it opens a fresh connection and channels, runs WithDeclare again and
+// resumes; the backoff is reset only once a connection gets as far as
+// consuming. A broker that is down at start-up is waited for (WithFailFast
+// ends Run instead). A refused login, an untrusted certificate, a
+// declaration the broker refuses, or a basic.consume it refuses (403, 405,
+// 406) ends Run with the error: retrying cannot heal a refusal. A missing
+// queue is retried with backoff (or ends Run with WithMissingQueueFatal). A
+// consumer cancelled by the broker (queue deleted, consumer timeout) is
+// replaced.
 //
 // # Telemetry
 //
@@ -163,28 +144,31 @@
 // header (WithProducerAsParent makes it the parent), and the metrics
 // messaging.process.duration, messaging.client.consumed.messages,
 // amqpretry.consumers.active and amqpretry.deliveries.parked (with a kill
-// switch, amqpretry.killswitch.trips and amqpretry.killswitch.state). The providers
-// (WithTracerProvider, WithMeterProvider, WithPropagators, defaulting to the
-// globals) reach the Retry and Recover of the chain, which add attempt spans
-// and their own metrics. Process spans are roots, whatever span Run's
-// context carries. With no SDK installed they are not even built (except
-// with WithProducerAsParent); an SDK set later is picked up within a second.
+// switch, amqpretry.killswitch.trips and amqpretry.killswitch.state). The
+// providers (WithTracerProvider, WithMeterProvider, WithPropagators,
+// defaulting to the globals) reach the Retry and Recover of the chain, which
+// add attempt spans and their own metrics. Process spans are roots, whatever
+// span Run's context carries. With no SDK installed they are not even built
+// (except with WithProducerAsParent); an SDK set later is picked up within a
+// second.
 //
 // # Shutdown
 //
 // When Run's context is done, the listener cancels its consumers, interrupts
 // deliveries waiting between retries (they are requeued at once), gives
-// running handlers WithShutdownTimeout to finish, then cancels their context,
-// requeues what is left, closes, and returns nil. No delivery interrupted this
-// way reaches a recoverer, and one whose handler, cut off, returns a
-// Permanent error is handed back too, not rejected to the queue's DLX: a
-// shutdown never sends a message to the DLQ.
+// running handlers WithShutdownTimeout (10s) to finish, then cancels their
+// context, requeues what is left, closes, and returns nil. No delivery
+// interrupted this way reaches a recoverer, and one whose handler, cut off,
+// returns a Permanent error is handed back too, not rejected to the queue's
+// DLX: a shutdown never sends a message to the DLQ. Every goroutine Run
+// started has ended when it returns.
 //
 // # Invalid options
 //
 // New checks every argument and option, and the chain's worst-case wait
-// between attempts against WithConsumerTimeout, before it returns: one error names each
-// problem with its value (errors.Join), rather than the first alone. Nothing
-// is checked against the broker until Run. New does not panic; the
-// middleware constructors it is given do, for mistakes in the code.
+// between attempts against WithConsumerTimeout, before it returns: one error
+// names each problem with its value (errors.Join), rather than the first
+// alone. Nothing is checked against the broker until Run. New does not
+// panic; the middleware constructors it is given do, for mistakes in the
+// code.
 package listener

@@ -161,7 +161,7 @@ func brokerConnectionMemory(t *testing.T) int64 {
 // What a group saves, 20 listeners grouped or each on its own connection:
 // connections (and their reconnect loops), the client's heap and goroutines,
 // the broker's memory for connections and channels. Logged, and asserted
-// only for the connection count: figures for the README and the note.
+// only for the connection count: figures for docs/services.md.
 func TestGroupOfTwentyAgainstTwentyConnections(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a measurement")

@@ -49,8 +49,7 @@ type KillSwitch struct {
 // delivery that succeeds resets the window and brings the other consumers
 // back; one that fails trips it again, with the timeout doubled.
 //
-// The state machine is the listener's own (see the package doc, "Kill
-// switch"). Off by default.
+// Off by default.
 func WithKillSwitch(ks KillSwitch) Option {
 	return func(c *config) {
 		if ks.TripThreshold == 0 {
@@ -97,6 +96,18 @@ func (s switchState) String() string {
 
 // killSwitch is the state machine. Outcomes arrive from every consumer's
 // goroutines; the session asks it what to do on its ticks.
+//
+// It is ours, about a hundred lines, not a circuit-breaker library's.
+// sony/gobreaker v2.4.0 was the candidate: go 1.22, no dependency outside
+// its tests, a rolling window (BucketPeriod), ReadyToTrip over its counts for
+// the trip threshold and minimum activity, and a two-step API for outcomes
+// reported after the fact. failsafe-go v0.9.8's circuit breaker needs go
+// 1.22 too but brings gRPC and protobuf into the module graph. We use
+// neither: the core module's dependencies are a closed list (amqp091-go,
+// backoff/v4, OpenTelemetry), gobreaker's open state has one fixed Timeout
+// where the kill switch backs off, and what matters here, stopping consumers
+// and keeping in-flight deliveries from the recoverer, is the listener's
+// either way.
 type killSwitch struct {
 	cfg KillSwitch
 

@@ -3,6 +3,27 @@
 // when every attempt has failed, handed to a Recoverer (a dead-letter exchange,
 // a broker retry tier) instead of being requeued forever.
 //
+//	chain := middleware.Chain(
+//		middleware.Retry(5), // 1s, 2s, 4s, 8s between the attempts
+//		middleware.Recover(recoverer.Republish(pub, "orders.dlx", "orders")),
+//	)
+//	l, err := listener.New("orders", chain, handle, listener.WithURL(url))
+//
+// # What a handler returns
+//
+// A Handler returns nil (done), an error (retry it), or Permanent(err)
+// (never retry it; backoff.Permanent is honoured too, through any %w
+// wrapping). A panic becomes a *PanicError carrying its stack and is
+// retried like any error. The listener settles the delivery from what the
+// chain returns:
+//
+//	nil                                   → ack
+//	Permanent, with no recoverer          → reject without requeue (the queue's own DLX)
+//	ErrReject (from recoverer.Reject)     → reject without requeue (the queue's own DLX)
+//	ErrRecoveryFailed (recoverer failed)  → requeue: the message is not safe elsewhere
+//	ErrInterrupted (shutdown, lost link)  → nack with requeue, never recovered
+//	anything else (ErrRetriesExhausted …) → requeue
+//
 // # Order
 //
 // Chain(a, b, c)(h) is a(b(c(h))): the first middleware is the outermost and sees
@@ -19,34 +40,20 @@
 // Recoverer. The mirrored chain Chain(Recover(dlq), Retry(5)) behaves the same:
 // with no Retry around it, Recover recovers whatever Retry finally returns.
 //
-// # Outcomes
+// # Retry
 //
-// A handler returns nil (done), an error (retry it), or Permanent(err) (never
-// retry it; backoff.Permanent is honoured too). Settle and SettlementFor state
-// what the listener does with the chain's final error:
+// Retry(n) makes at most n attempts, the first call included (Spring AMQP's
+// maxAttempts). The default backoff waits 1s, doubling, capped at 10s, with
+// no jitter and no time limit: Retry(5) waits 1s, 2s, 4s, 8s. Options change
+// each of these, choose which errors are retried (RetryIf), report each
+// retry (OnRetry) and hand long waits to a broker-side retry
+// (HandOffAfter). Exhausted retries return an error that matches
+// ErrRetriesExhausted and unwraps to the last attempt's error.
 //
-//	nil                                   → ack
-//	ErrInterrupted (shutdown, lost link)  → release: nack with requeue, never recovered
-//	ErrReject (from recoverer.Reject)     → reject without requeue (the queue's own DLX)
-//	ErrRecoveryFailed (recoverer failed)  → requeue: the message is not safe elsewhere
-//	Permanent                             → reject without requeue (the queue's own DLX)
-//	anything else (ErrRetriesExhausted …) → requeue
-//
-// # Waiting without holding a worker
-//
-// Retry waits between attempts in a select on the context and a timer, and
-// the listener's shutdown ends a wait at once. Because Retry calls next once
-// per attempt, a concurrency gate placed around the innermost handler only, as
-// the listener does with mw(gate(h)), is held while the handler runs and
-// released while the delivery sleeps: other deliveries use the worker in the
-// meantime, and a poison message in backoff does not block healthy ones. Put
-// nothing that must hold a worker between Retry and the handler.
-//
-// Retry and Recover also call WillWait(ctx) before they wait (a backoff, a
-// recoverer's publish). The listener runs deliveries on the goroutine that
-// reads them and, when one is about to wait, hands the reading to a new
-// goroutine, so a healthy message costs no goroutine and a waiting one never
-// stalls its consumer. Call WillWait in your own middlewares before they wait.
+// Retry waits in a select on the context and a timer: the listener's
+// shutdown ends a wait at once, and the delivery goes back to its queue. A
+// delivery waiting between attempts holds no consumer: other deliveries,
+// healthy ones behind a poison one included, go on meanwhile.
 //
 // # Timeout
 //
@@ -69,12 +76,15 @@
 // RabbitMQ's consumer_timeout (30 minutes by default): waits longer than that
 // belong in broker-side retry tiers (package dlx), not in memory.
 //
-// # Your own consumer
+// # Middleware and recoverers of your own
 //
-// The listener runs the chain and settles what it returns. A program that
-// runs a chain on an amqp091 consumer of its own gives it the queue name with
-// WithQueue (recoverers write it into fault headers) and settles each
-// delivery with Settle, or reads SettlementFor.
+// A Middleware is a func(Handler) Handler; a Recoverer has one method, and
+// RecovererFunc adapts a function. A middleware of yours that waits (a rate
+// limiter, a lock) should call WillWait first, so that the listener keeps
+// reading deliveries while it waits. A recoverer of yours reads the queue
+// with Queue(ctx) and the attempts made with AttemptsMade(cause). To run a
+// chain on an amqp091 consumer of your own instead of the listener, give it
+// the queue name with WithQueue and settle each delivery with Settle.
 //
 // # Invalid arguments
 //

@@ -25,7 +25,7 @@ func gate(slot chan struct{}, h middleware.Handler) middleware.Handler {
 	}
 }
 
-// The article's scenario: one worker, msg1 is poison and retries, msg2 is
+// Spring's blocking-retry case: one worker, msg1 is poison and retries, msg2 is
 // healthy. With the gate around the handler only, msg2 is handled while msg1
 // waits in backoff instead of after msg1's whole retry cycle.
 func TestGateIsFreeWhileRetryWaits(t *testing.T) {

@@ -28,12 +28,12 @@ type Status string
 
 const (
 	// StatusInFlight: waiting to be published, or to be published again
-	// after a failed try (the seed's 1, "投递中").
+	// after a failed try.
 	StatusInFlight Status = "in_flight"
-	// StatusSent: the broker confirmed the message (the seed's 2, "投递成功").
+	// StatusSent: the broker confirmed the message.
 	StatusSent Status = "sent"
-	// StatusFailed: every try failed; the row waits for a person to fix
-	// the cause and call Retry (the seed's 3, "投递失败等待人工补偿").
+	// StatusFailed: every try failed, or the message can never be sent;
+	// the row waits for a person to fix the cause and call Retry.
 	StatusFailed Status = "failed"
 )
 

@@ -103,7 +103,8 @@ func WithHeartbeat(d time.Duration) Option {
 // each dial tries them all in a random order, so that the publishers of a
 // fleet spread over the nodes, and after losing a connection the publisher
 // dials the other nodes at once, the lost one last. Every address must log
-// in as the same user, which the recoverers rely on (WithUserID checks).
+// in as the same user, and New refuses them otherwise: a recoverer compares
+// a message's user-id with Username to keep RabbitMQ from refusing the copy.
 // WithURLsInOrder keeps the order given, url first.
 func WithURLs(urls ...string) Option {
 	return func(cfg *config) { cfg.conn.URLs = append(cfg.conn.URLs, urls...) }

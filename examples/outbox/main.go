@@ -1,4 +1,6 @@
-// Command outbox is seed 003's reliable publishing end to end. A shop writes
+// Command outbox is reliable publishing end to end: the transactional outbox
+// on the producer's side and the idempotent consumer (the inbox) on the
+// consumer's. A shop writes
 // each order and its "order created" message in one transaction (the
 // outbox); a tenth of the payments are declined and their transactions
 // rolled back, message and all. A relay, running as a separate process,

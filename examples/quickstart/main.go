@@ -1,7 +1,9 @@
-// Command quickstart is the Spring AMQP article's scenario in Go, and what
-// `make demo` runs. Two messages, msg1 and msg2, reach a handler that keeps
-// failing. With one consumer, Spring retried msg1 for 15 seconds before msg2
-// was even looked at; here each message waits 1s, 2s, 4s and 8s between its
+// Command quickstart is what `make demo` runs: Spring AMQP's stateless retry
+// with a RepublishMessageRecoverer, in Go. Two messages, msg1 and msg2, reach
+// a handler that keeps failing. With one consumer, Spring's retry holds the
+// consumer thread while it waits, so msg2 is not looked at until msg1's
+// attempts are over (https://docs.spring.io/spring-amqp/reference/amqp/resilience-recovering-from-errors-and-broker-failures.html);
+// here each message waits 1s, 2s, 4s and 8s between its
 // attempts without holding the consumer, so the two retry side by side. When
 // their attempts run out, both are republished to a dead-letter exchange,
 // confirmed by the broker, and only then acked; a listener on the DLQ prints
@@ -77,7 +79,7 @@ func run(ctx context.Context, out io.Writer, url string, initial time.Duration) 
 		return err
 	}
 
-	// The work listener: one consumer, as in the article.
+	// The work listener: one consumer, the case where Spring's retry blocks.
 	chain := middleware.Chain(
 		middleware.Retry(5,
 			middleware.WithInitialInterval(initial),

@@ -1,5 +1,5 @@
-// Command replay is the articles' "after fixing the bug, put the failed
-// messages back". A handler with a bug sends five orders to the DLQ; the bug
+// Command replay puts failed messages back once the bug that failed them is
+// fixed. A handler with a bug sends five orders to the DLQ; the bug
 // is fixed; dlx.Replay moves the dead letters back to the work queue, each
 // confirmed before it leaves the DLQ, with their fault headers removed; the
 // fixed handler takes them. It exits by itself in about two seconds.

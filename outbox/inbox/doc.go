@@ -58,14 +58,15 @@
 // (the outbox's whole retry schedule plus a person's Retry, a DLQ replay);
 // days, not minutes.
 //
-// # Seed 003
+// # Why the record and the effect commit together
 //
-// This is the seed's status 4, "消息已在consumer入库" (stored by the
-// consumer), in a table of the consumer's own rather than a status on the
-// producer's row: the consumer's database need not be the producer's. The
-// seed acks once the id is stored, then runs the business logic, which
-// loses the effect if the process dies in between; here the effect and the
-// id commit together, before the ack.
+// This is the idempotent consumer pattern
+// (https://microservices.io/patterns/communication-style/idempotent-consumer.html),
+// in a table of the consumer's own rather than a status on the producer's
+// outbox row: the consumer's database need not be the producer's. A consumer
+// that acks once the id is stored and then runs the business logic loses the
+// effect if the process dies in between; here the effect and the id commit
+// together, before the ack.
 //
 // Like the outbox, the inbox uses database/sql with PostgreSQL's SQL and
 // imports no driver.
