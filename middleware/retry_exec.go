@@ -23,9 +23,9 @@ type execution struct {
 	recovered   bool  // a Recover below handed the delivery to its recoverer
 	first       attemptContext
 	start       time.Time
-	backoff     *backoff.ExponentialBackOff   // Retry's own schedule, created on its first failure
-	ruleBackoff []*backoff.ExponentialBackOff // the rules' schedules, created on a rule's first failure
-	decidedFor  int                           // the attempt whose decision is cached
+	backoff     *backoff.ExponentialBackOff    // Retry's own schedule, created on its first failure
+	ruleBackoff *[]*backoff.ExponentialBackOff // the rules' schedules, created on a rule's first failure
+	decidedFor  int                            // the attempt whose decision is cached
 	decision    decision
 }
 
@@ -46,7 +46,7 @@ func (p *retryPolicy) execute(ctx context.Context, d *amqp.Delivery, next Handle
 			if ex.recovered { // failed, and a Recover below asked what the rules say
 				outcome = telemetry.OutcomeRecovered
 				if ex.decidedFor == attempt {
-					rule = ex.decision.rule
+					rule = p.ruleName(ex.decision.rule)
 				}
 			}
 			ex.endAttempt(ctx, span, outcome, nil, rule)
@@ -62,15 +62,16 @@ func (p *retryPolicy) execute(ctx context.Context, d *amqp.Delivery, next Handle
 			return &InterruptedError{Attempt: attempt, Reason: cerr, Last: err}
 		}
 		dec := ex.decide(attempt, err)
+		rule := p.ruleName(dec.rule)
 		if !dec.retry {
-			ex.endAttempt(ctx, span, dec.outcome(), err, dec.rule)
-			return dec.finalError(attempt, err)
+			ex.endAttempt(ctx, span, dec.outcome(), err, rule)
+			return dec.finalError(attempt, err, rule)
 		}
 		ex.retryScheduled(span, dec.delay)
-		ex.endAttempt(ctx, span, telemetry.OutcomeRetrying, err, dec.rule)
+		ex.endAttempt(ctx, span, telemetry.OutcomeRetrying, err, rule)
 		tel.Retries.Add(ctx, 1, ex.attrs.Queue.Add...)
 		if p.onRetry != nil {
-			p.onRetry(ctx, RetryEvent{Delivery: d, Attempt: attempt, Err: err, Delay: dec.delay, Rule: dec.rule})
+			p.onRetry(ctx, RetryEvent{Delivery: d, Attempt: attempt, Err: err, Delay: dec.delay, Rule: rule})
 		}
 		if werr := ex.wait(ctx, dec.delay); werr != nil {
 			return &InterruptedError{Attempt: attempt, Reason: werr, Last: err}
@@ -126,10 +127,31 @@ const (
 
 // decision is what happens after a failed attempt.
 type decision struct {
-	retry bool
 	delay time.Duration
+	retry bool
 	stop  stopReason
-	rule  string // the rule that decided; "" when Retry has none
+	rule  ruleRef // the schedule that decided
+}
+
+// ruleRef is which schedule decided: none when Retry has no rules, Retry's
+// own, or a rule's (an index, not the name: an execution is allocated per
+// delivery, and kept small).
+type ruleRef int32
+
+const (
+	noRules     ruleRef = 0
+	ownSchedule ruleRef = 1 // then 2+i for rules[i]
+)
+
+// ruleName is what RuleApplied reports for r.
+func (p *retryPolicy) ruleName(r ruleRef) string {
+	switch r {
+	case noRules:
+		return ""
+	case ownSchedule:
+		return ReservedRuleName
+	}
+	return p.rules[r-2].class.name
 }
 
 // outcome is how the attempt ended, for its span and amqpretry.attempts.
@@ -147,16 +169,16 @@ func (d decision) outcome() telemetry.Outcome {
 	return telemetry.OutcomeExhausted
 }
 
-func (d decision) finalError(attempt int, err error) error {
+func (d decision) finalError(attempt int, err error, rule string) error {
 	switch d.stop {
 	case stopAttempts:
-		return &RetriesExhaustedError{Attempts: attempt, Last: err, Rule: d.rule}
+		return &RetriesExhaustedError{Attempts: attempt, Last: err, Rule: rule}
 	case stopTimeLimit:
-		return &RetriesExhaustedError{Attempts: attempt, Last: err, TimeLimited: true, Rule: d.rule}
+		return &RetriesExhaustedError{Attempts: attempt, Last: err, TimeLimited: true, Rule: rule}
 	case stopHandOff:
-		return &RetriesExhaustedError{Attempts: attempt, Last: err, HandedOff: true, Rule: d.rule}
+		return &RetriesExhaustedError{Attempts: attempt, Last: err, HandedOff: true, Rule: rule}
 	default: // permanent or not retryable: the caller's error, with the count attached
-		return &stoppedError{attempts: attempt, rule: d.rule, err: err}
+		return &stoppedError{attempts: attempt, rule: rule, err: err}
 	}
 }
 
@@ -172,9 +194,9 @@ func (ex *execution) decide(attempt int, err error) decision {
 	var dec decision
 	rule, s := -1, &p.schedule // Retry's own, for errors no rule matches
 	if len(p.rules) > 0 {
-		dec.rule = ReservedRuleName
+		dec.rule = ownSchedule
 		if rule = p.ruleFor(err); rule >= 0 {
-			s, dec.rule = &p.rules[rule].schedule, p.rules[rule].class.name
+			s, dec.rule = &p.rules[rule].schedule, ownSchedule+1+ruleRef(rule)
 		}
 	}
 	switch {
@@ -207,9 +229,10 @@ func (ex *execution) nextDelay(rule int, s *schedule) time.Duration {
 	b := &ex.backoff
 	if rule >= 0 {
 		if ex.ruleBackoff == nil {
-			ex.ruleBackoff = make([]*backoff.ExponentialBackOff, len(ex.policy.rules))
+			states := make([]*backoff.ExponentialBackOff, len(ex.policy.rules))
+			ex.ruleBackoff = &states
 		}
-		b = &ex.ruleBackoff[rule]
+		b = &(*ex.ruleBackoff)[rule]
 	}
 	if *b == nil {
 		*b = &backoff.ExponentialBackOff{

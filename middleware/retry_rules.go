@@ -132,7 +132,7 @@ func RuleApplied(ctx context.Context, cause error) string {
 		return st.rule
 	}
 	if ac, ok := ctx.Value(attemptKey).(*attemptContext); ok && ac.exec.decidedFor == ac.attempt {
-		return ac.exec.decision.rule
+		return ac.exec.policy.ruleName(ac.exec.decision.rule)
 	}
 	return ""
 }

@@ -379,3 +379,21 @@ func TestRetryRulesInvalid(t *testing.T) {
 		})
 	}
 }
+
+// A rule's HandOffAfter hands its errors to the recoverer when the rule's
+// next wait is too long to hold; Retry's own errors keep their schedule.
+func TestRetryRuleHandOff(t *testing.T) {
+	clock := middleware.NewFakeClock()
+	retry := middleware.Retry(3, middleware.WithClock(clock),
+		middleware.RetryOn(rateLimited, 10, middleware.WithInitialInterval(time.Second), middleware.WithMaxInterval(time.Minute), middleware.HandOffAfter(5*time.Second)))
+	h := &failingHandler{failures: 100, err: &rateLimitedError{}}
+	err := retry(h.Handle)(context.Background(), &amqp.Delivery{})
+	var ex *middleware.RetriesExhaustedError
+	if !errors.As(err, &ex) || !ex.HandedOff || ex.Rule != "rate-limited" || h.Calls() != 4 {
+		t.Fatalf("err = %v after %d calls, want a hand-off under rule rate-limited after 4 (waits 1s 2s 4s)", err, h.Calls())
+	}
+	h = &failingHandler{failures: 100, err: errBoom}
+	if err := retry(h.Handle)(context.Background(), &amqp.Delivery{}); !errors.Is(err, middleware.ErrRetriesExhausted) || h.Calls() != 3 {
+		t.Fatalf("the rest: err = %v after %d calls, want exhaustion after 3", err, h.Calls())
+	}
+}
