@@ -22,9 +22,10 @@ type ErrorClass struct {
 	match func(error) bool
 }
 
-// ReservedRuleName is what Retry reports for a failure that matches none of
-// its rules; no ErrorClass may take it.
-const ReservedRuleName = "default"
+// DefaultRule is the rule RuleApplied names for a failure that matches none
+// of Retry's rules, and so got Retry's own schedule; no ErrorClass may take
+// the name.
+const DefaultRule = "default"
 
 // ErrorIs returns the class of the errors that match any of targets with
 // errors.Is, through every wrapping: Spring's retryable-exception map,
@@ -107,8 +108,8 @@ func checkClass(ctor, name string, problems ...string) {
 	switch name {
 	case "":
 		problems = append([]string{"a name (the fault headers and spans report it)"}, problems...)
-	case ReservedRuleName:
-		problems = append([]string{fmt.Sprintf("a name other than %q (Retry's own schedule is called so)", ReservedRuleName)}, problems...)
+	case DefaultRule:
+		problems = append([]string{fmt.Sprintf("a name other than %q (Retry's own schedule is called so)", DefaultRule)}, problems...)
 	}
 	if len(problems) == 0 {
 		return

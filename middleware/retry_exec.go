@@ -149,7 +149,7 @@ func (p *retryPolicy) ruleName(r ruleRef) string {
 	case noRules:
 		return ""
 	case ownSchedule:
-		return ReservedRuleName
+		return DefaultRule
 	}
 	return p.rules[r-2].class.name
 }
