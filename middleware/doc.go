@@ -55,6 +55,22 @@
 // delivery waiting between attempts holds no consumer: other deliveries,
 // healthy ones behind a poison one included, go on meanwhile.
 //
+// # Per-error policies
+//
+// RetryOn and NoRetryOn give a class of errors (ErrorIs, ErrorAs,
+// ErrorFunc) a schedule of its own; the first rule that matches the latest
+// error decides, Retry's own schedule takes the rest:
+//
+//	timeouts := middleware.ErrorIs("timeout", ErrUpstreamTimeout)
+//	invalid := middleware.ErrorAs[*ValidationError]("validation")
+//	middleware.Retry(3,
+//		middleware.RetryOn(timeouts, 5, middleware.WithInitialInterval(100*time.Millisecond)),
+//		middleware.NoRetryOn(invalid))
+//
+// The same classes route the failures that are not retried to destinations
+// of their own with recoverer.ByError. The rule that applied is reported by
+// RuleApplied, on the attempt spans and in the dead letter's fault headers.
+//
 // # Timeout
 //
 // Timeout(d) gives the handler's context a deadline d later. A call that

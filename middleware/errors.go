@@ -81,15 +81,21 @@ type RetriesExhaustedError struct {
 	// HandedOff is true when HandOffAfter stopped the local retries because
 	// the next wait was too long to hold in memory.
 	HandedOff bool
+	// Rule names the rule of Retry that applied to the last error (see
+	// RetryOn): a class's name, or "default"; "" when Retry has no rules.
+	Rule string
 }
 
 func (e *RetriesExhaustedError) Error() string {
 	why := ""
+	if e.Rule != "" {
+		why = fmt.Sprintf(" under rule %q", e.Rule)
+	}
 	switch {
 	case e.TimeLimited:
-		why = " (time limit reached)"
+		why += " (time limit reached)"
 	case e.HandedOff:
-		why = " (the next wait is past HandOffAfter: handed to the recoverer)"
+		why += " (the next wait is past HandOffAfter: handed to the recoverer)"
 	}
 	return fmt.Sprintf("middleware: retries exhausted after %d attempt%s%s: %v", e.Attempts, plural(e.Attempts), why, e.Last)
 }

@@ -101,3 +101,31 @@ func ExampleSettlementFor() {
 	// reject
 	// requeue
 }
+
+// Each class of error gets its own schedule: a timeout five quick attempts,
+// a validation error none, the rest Retry's own three. The first rule
+// whose class matches decides, and the dead letter and the spans name it.
+func ExampleRetryOn() {
+	errTimeout := errors.New("payment service timed out")
+	errInvalid := errors.New("no such customer")
+	timeouts := middleware.ErrorIs("timeout", errTimeout, context.DeadlineExceeded)
+	invalid := middleware.ErrorIs("validation", errInvalid)
+
+	retry := middleware.Retry(3,
+		middleware.RetryOn(timeouts, 5, middleware.WithInitialInterval(time.Millisecond)),
+		middleware.NoRetryOn(invalid),
+	)
+	dlq := middleware.RecovererFunc(func(ctx context.Context, d *amqp.Delivery, cause error) error {
+		n, _ := middleware.AttemptsMade(cause)
+		fmt.Printf("%s: to the DLQ after %d attempt(s), rule %q: %v\n", d.Body, n, middleware.RuleApplied(ctx, cause), middleware.HandlerError(cause))
+		return nil
+	})
+	chain := middleware.Chain(middleware.Recover(dlq), retry)
+	for i, err := range []error{errTimeout, errInvalid} {
+		body := fmt.Sprintf("order %d", i+1)
+		_ = chain(func(context.Context, *amqp.Delivery) error { return err })(context.Background(), &amqp.Delivery{Body: []byte(body)})
+	}
+	// Output:
+	// order 1: to the DLQ after 5 attempt(s), rule "timeout": payment service timed out
+	// order 2: to the DLQ after 1 attempt(s), rule "validation": no such customer
+}

@@ -82,25 +82,26 @@ func Recover(r Recoverer, opts ...RecoverOption) Middleware {
 			}
 			WillWait(ctx) // a recoverer does I/O, which may wait out an outage
 			rerr := r.Recover(ctx, d, err)
+			rule := RuleApplied(ctx, err)
 			switch {
 			case rerr == nil:
-				recorded(ctx, telemetry.OutcomeRecovered, nil)
-				cfg.tell(ctx, d, err, nil, telemetry.OutcomeRecovered)
+				recorded(ctx, telemetry.OutcomeRecovered, nil, rule)
+				cfg.tell(ctx, d, err, nil, telemetry.OutcomeRecovered, rule)
 				if ac, ok := ctx.Value(attemptKey).(*attemptContext); ok {
 					ac.exec.recovered = true // the Retry around reports the attempt as recovered
 				}
 				return nil
 			case errors.Is(rerr, ErrReject):
-				recorded(ctx, telemetry.OutcomeRejected, nil)
-				cfg.tell(ctx, d, err, rerr, telemetry.OutcomeRejected)
+				recorded(ctx, telemetry.OutcomeRejected, nil, rule)
+				cfg.tell(ctx, d, err, rerr, telemetry.OutcomeRejected, rule)
 				return fmt.Errorf("%w; handler error: %w", rerr, err)
 			case errors.Is(rerr, ErrRedeliver):
-				recorded(ctx, telemetry.OutcomeRedelivered, nil)
-				cfg.tell(ctx, d, err, rerr, telemetry.OutcomeRedelivered)
+				recorded(ctx, telemetry.OutcomeRedelivered, nil, rule)
+				cfg.tell(ctx, d, err, rerr, telemetry.OutcomeRedelivered, rule)
 				return fmt.Errorf("%w; handler error: %w", rerr, err)
 			default:
-				recorded(ctx, telemetry.OutcomeRecoveryFailed, rerr)
-				cfg.tell(ctx, d, err, rerr, telemetry.OutcomeRecoveryFailed)
+				recorded(ctx, telemetry.OutcomeRecoveryFailed, rerr, rule)
+				cfg.tell(ctx, d, err, rerr, telemetry.OutcomeRecoveryFailed, rule)
 				return &RecoveryError{Err: rerr, Cause: err}
 			}
 		}
@@ -121,13 +122,16 @@ func Queue(ctx context.Context) string { return chainctx.Queue(ctx) }
 
 // recorded counts a recovery and notes it on the current span: an attempt's
 // from the second attempt on, else the delivery's process span.
-func recorded(ctx context.Context, outcome telemetry.Outcome, err error) {
+func recorded(ctx context.Context, outcome telemetry.Outcome, err error, rule string) {
 	tel := telemetry.From(ctx)
 	tel.Recoveries.Add(ctx, 1, tel.ForQueue(chainctx.Queue(ctx)).Outcome(outcome).Add...)
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		attrs := []attribute.KeyValue{outcome.Attr()}
 		if err != nil {
 			attrs = append(attrs, attribute.String(telemetry.KeyExceptionMessage, errtext.String(err)))
+		}
+		if rule != "" {
+			attrs = append(attrs, attribute.String(telemetry.KeyRetryRule, rule))
 		}
 		span.AddEvent("recovery", trace.WithAttributes(attrs...))
 	}
@@ -149,8 +153,9 @@ type RecoverEvent struct {
 	// "redelivered" (it handed the message back for the broker to deliver
 	// again) or "failed" (it could not, and the message is requeued).
 	Outcome string
-	Err     error // the recoverer's error; nil when recovered
-	Attempt int   // the attempts the delivery had (Retry's count, or the attempt in progress)
+	Err     error  // the recoverer's error; nil when recovered
+	Attempt int    // the attempts the delivery had (Retry's count, or the attempt in progress)
+	Rule    string // the rule of Retry that applied to Cause (RuleApplied); "" when Retry has none
 }
 
 // OnRecover calls hook after every recovery, on the delivery's goroutine,
@@ -165,7 +170,7 @@ func OnRecover(hook func(ctx context.Context, e RecoverEvent)) RecoverOption {
 	return func(c *recoverConfig) { c.hooks = append(c.hooks, hook) }
 }
 
-func (c *recoverConfig) tell(ctx context.Context, d *amqp.Delivery, cause, err error, outcome telemetry.Outcome) {
+func (c *recoverConfig) tell(ctx context.Context, d *amqp.Delivery, cause, err error, outcome telemetry.Outcome, rule string) {
 	if len(c.hooks) == 0 {
 		return
 	}
@@ -173,7 +178,7 @@ func (c *recoverConfig) tell(ctx context.Context, d *amqp.Delivery, cause, err e
 	if !ok {
 		attempt = Attempt(ctx)
 	}
-	e := RecoverEvent{Delivery: d, Cause: cause, Outcome: outcome.String(), Err: err, Attempt: attempt}
+	e := RecoverEvent{Delivery: d, Cause: cause, Outcome: outcome.String(), Err: err, Attempt: attempt, Rule: rule}
 	for _, hook := range c.hooks {
 		callHook(ctx, hook, e)
 	}

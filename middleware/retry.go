@@ -26,14 +26,17 @@ import (
 // Each delivery gets its own attempt counter and backoff state; the returned
 // Middleware is safe to share.
 //
+// maxAttempts and the schedule options apply to every error unless
+// RetryOn or NoRetryOn give its class a schedule of its own: see RetryOn.
+//
 // Retry panics if maxAttempts < 1 or an option is invalid, naming every
 // problem at once.
 func Retry(maxAttempts int, opts ...RetryOption) Middleware {
-	o := defaultRetryOptions()
+	o := defaultRetryOptions(maxAttempts)
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if errs := o.check(maxAttempts); len(errs) > 0 {
+	if errs := o.check(); len(errs) > 0 {
 		msgs := make([]string, len(errs))
 		for i, err := range errs {
 			msgs[i] = err.Error()
@@ -41,7 +44,11 @@ func Retry(maxAttempts int, opts ...RetryOption) Middleware {
 		panic(strings.Join(msgs, "\n"))
 	}
 	o.errs = nil
-	p := &retryPolicy{retryOptions: o, maxAttempts: maxAttempts}
+	p := &retryPolicy{retryOptions: o, mostAttempts: o.maxAttempts, timed: o.maxElapsed > 0}
+	for _, r := range o.rules {
+		p.mostAttempts = max(p.mostAttempts, r.maxAttempts)
+		p.timed = p.timed || r.maxElapsed > 0
+	}
 	if o.telemetry.TracerProvider != nil || o.telemetry.MeterProvider != nil {
 		p.own = telemetry.New(o.telemetry)
 	}
@@ -49,7 +56,7 @@ func Retry(maxAttempts int, opts ...RetryOption) Middleware {
 	return func(next Handler) Handler {
 		// The listener surveys the chain as it builds it, to compare
 		// the waits with the broker's consumer_timeout.
-		chainctx.RetryBuilt(worst, maxAttempts)
+		chainctx.RetryBuilt(worst, p.mostAttempts)
 		return func(ctx context.Context, d *amqp.Delivery) error {
 			return p.execute(ctx, d, next)
 		}
@@ -61,8 +68,9 @@ func Retry(maxAttempts int, opts ...RetryOption) Middleware {
 // during a delivery lives in its execution.
 type retryPolicy struct {
 	retryOptions
-	maxAttempts int
-	own         *telemetry.Telemetry // from Retry's own providers; nil: none given
+	mostAttempts int                  // the most attempts any rule, or Retry's own schedule, allows
+	timed        bool                 // some schedule has a time limit: the execution notes its start
+	own          *telemetry.Telemetry // from Retry's own providers; nil: none given
 }
 
 // telemetryFor is what an execution records with: the listener's telemetry
@@ -112,10 +120,11 @@ func AttemptsMade(err error) (int, bool) {
 
 // stoppedError is the handler's error as Retry returns it when it stops
 // early: it reads and unwraps as that error, and carries the attempt count
-// for AttemptsMade, so that a Recover outside Retry can tell how many were
-// made.
+// for AttemptsMade and the rule for RuleApplied, so that a Recover outside
+// Retry can tell how many were made and why it stopped.
 type stoppedError struct {
 	attempts int
+	rule     string
 	err      error
 }
 

@@ -23,8 +23,9 @@ type execution struct {
 	recovered   bool  // a Recover below handed the delivery to its recoverer
 	first       attemptContext
 	start       time.Time
-	backoff     *backoff.ExponentialBackOff // created on the first failure
-	decidedFor  int                         // the attempt whose decision is cached
+	backoff     *backoff.ExponentialBackOff    // Retry's own schedule, created on its first failure
+	ruleBackoff *[]*backoff.ExponentialBackOff // the rules' schedules, created on a rule's first failure
+	decidedFor  int                            // the attempt whose decision is cached
 	decision    decision
 }
 
@@ -33,7 +34,7 @@ type execution struct {
 func (p *retryPolicy) execute(ctx context.Context, d *amqp.Delivery, next Handler) error {
 	tel := p.telemetryFor(ctx)
 	ex := &execution{policy: p, tel: tel, attrs: tel.ForQueue(chainctx.Queue(ctx))}
-	if p.maxElapsed > 0 {
+	if p.timed {
 		ex.start = p.clock.Now()
 	}
 	attempt := 1
@@ -41,32 +42,36 @@ func (p *retryPolicy) execute(ctx context.Context, d *amqp.Delivery, next Handle
 		actx, span := ex.startAttempt(ctx, attempt)
 		err := next(actx, d)
 		if err == nil {
-			outcome := telemetry.OutcomeSucceeded
-			if ex.recovered {
+			outcome, rule := telemetry.OutcomeSucceeded, ""
+			if ex.recovered { // failed, and a Recover below asked what the rules say
 				outcome = telemetry.OutcomeRecovered
+				if ex.decidedFor == attempt {
+					rule = p.ruleName(ex.decision.rule)
+				}
 			}
-			ex.endAttempt(ctx, span, outcome, nil)
+			ex.endAttempt(ctx, span, outcome, nil, rule)
 			return nil
 		}
 		span = ex.failedFirst(ctx, attempt, span)
 		if errors.Is(err, ErrInterrupted) {
-			ex.endAttempt(ctx, span, telemetry.OutcomeInterrupted, err)
+			ex.endAttempt(ctx, span, telemetry.OutcomeInterrupted, err, "")
 			return err
 		}
 		if cerr := ctx.Err(); cerr != nil {
-			ex.endAttempt(ctx, span, telemetry.OutcomeInterrupted, err)
+			ex.endAttempt(ctx, span, telemetry.OutcomeInterrupted, err, "")
 			return &InterruptedError{Attempt: attempt, Reason: cerr, Last: err}
 		}
 		dec := ex.decide(attempt, err)
+		rule := p.ruleName(dec.rule)
 		if !dec.retry {
-			ex.endAttempt(ctx, span, dec.outcome(), err)
-			return dec.finalError(attempt, err)
+			ex.endAttempt(ctx, span, dec.outcome(), err, rule)
+			return dec.finalError(attempt, err, rule)
 		}
 		ex.retryScheduled(span, dec.delay)
-		ex.endAttempt(ctx, span, telemetry.OutcomeRetrying, err)
+		ex.endAttempt(ctx, span, telemetry.OutcomeRetrying, err, rule)
 		tel.Retries.Add(ctx, 1, ex.attrs.Queue.Add...)
 		if p.onRetry != nil {
-			p.onRetry(ctx, RetryEvent{Delivery: d, Attempt: attempt, Err: err, Delay: dec.delay})
+			p.onRetry(ctx, RetryEvent{Delivery: d, Attempt: attempt, Err: err, Delay: dec.delay, Rule: rule})
 		}
 		if werr := ex.wait(ctx, dec.delay); werr != nil {
 			return &InterruptedError{Attempt: attempt, Reason: werr, Last: err}
@@ -131,9 +136,31 @@ const (
 
 // decision is what happens after a failed attempt.
 type decision struct {
-	retry bool
 	delay time.Duration
+	retry bool
 	stop  stopReason
+	rule  ruleRef // the schedule that decided
+}
+
+// ruleRef is which schedule decided: none when Retry has no rules, Retry's
+// own, or a rule's (an index, not the name: an execution is allocated per
+// delivery, and kept small).
+type ruleRef int32
+
+const (
+	noRules     ruleRef = 0
+	ownSchedule ruleRef = 1 // then 2+i for rules[i]
+)
+
+// ruleName is what RuleApplied reports for r.
+func (p *retryPolicy) ruleName(r ruleRef) string {
+	switch r {
+	case noRules:
+		return ""
+	case ownSchedule:
+		return DefaultRule
+	}
+	return p.rules[r-2].class.name
 }
 
 // outcome is how the attempt ended, for its span and amqpretry.attempts.
@@ -151,16 +178,16 @@ func (d decision) outcome() telemetry.Outcome {
 	return telemetry.OutcomeExhausted
 }
 
-func (d decision) finalError(attempt int, err error) error {
+func (d decision) finalError(attempt int, err error, rule string) error {
 	switch d.stop {
 	case stopAttempts:
-		return &RetriesExhaustedError{Attempts: attempt, Last: err}
+		return &RetriesExhaustedError{Attempts: attempt, Last: err, Rule: rule}
 	case stopTimeLimit:
-		return &RetriesExhaustedError{Attempts: attempt, Last: err, TimeLimited: true}
+		return &RetriesExhaustedError{Attempts: attempt, Last: err, TimeLimited: true, Rule: rule}
 	case stopHandOff:
-		return &RetriesExhaustedError{Attempts: attempt, Last: err, HandedOff: true}
+		return &RetriesExhaustedError{Attempts: attempt, Last: err, HandedOff: true, Rule: rule}
 	default: // permanent or not retryable: the caller's error, with the count attached
-		return &stoppedError{attempts: attempt, err: err}
+		return &stoppedError{attempts: attempt, rule: rule, err: err}
 	}
 }
 
@@ -174,19 +201,28 @@ func (ex *execution) decide(attempt int, err error) decision {
 	}
 	p := ex.policy
 	var dec decision
+	rule, s := -1, &p.schedule // Retry's own, for errors no rule matches
+	if len(p.rules) > 0 {
+		dec.rule = ownSchedule
+		if rule = p.ruleFor(err); rule >= 0 {
+			s, dec.rule = &p.rules[rule].schedule, ownSchedule+1+ruleRef(rule)
+		}
+	}
 	switch {
 	case IsPermanent(err):
 		dec.stop = stopPermanent
-	case p.retryIf != nil && !p.retryIf(err):
+	case rule >= 0 && p.rules[rule].notRetryable:
 		dec.stop = stopNotRetryable
-	case attempt >= p.maxAttempts:
+	case rule < 0 && p.retryIf != nil && !p.retryIf(err):
+		dec.stop = stopNotRetryable
+	case attempt >= s.maxAttempts: // the delivery's attempts, whatever the earlier errors were
 		dec.stop = stopAttempts
 	default:
-		delay := ex.nextDelay()
+		delay := ex.nextDelay(rule, s)
 		switch {
-		case p.handOffSet && delay > p.handOff:
+		case s.handOffSet && delay > s.handOff:
 			dec.stop = stopHandOff
-		case p.maxElapsed > 0 && p.clock.Now().Sub(ex.start)+delay > p.maxElapsed:
+		case s.maxElapsed > 0 && p.clock.Now().Sub(ex.start)+delay > s.maxElapsed:
 			dec.stop = stopTimeLimit
 		default:
 			dec.retry, dec.delay = true, delay
@@ -196,21 +232,30 @@ func (ex *execution) decide(attempt int, err error) decision {
 	return dec
 }
 
-func (ex *execution) nextDelay() time.Duration {
-	if ex.backoff == nil {
-		p := ex.policy
-		ex.backoff = &backoff.ExponentialBackOff{
-			InitialInterval:     p.initial,
-			RandomizationFactor: p.jitter,
-			Multiplier:          p.multiplier,
-			MaxInterval:         p.maxInterval,
+// nextDelay advances the backoff of the schedule s (rule -1: Retry's own),
+// which only that schedule's failures move on.
+func (ex *execution) nextDelay(rule int, s *schedule) time.Duration {
+	b := &ex.backoff
+	if rule >= 0 {
+		if ex.ruleBackoff == nil {
+			states := make([]*backoff.ExponentialBackOff, len(ex.policy.rules))
+			ex.ruleBackoff = &states
+		}
+		b = &(*ex.ruleBackoff)[rule]
+	}
+	if *b == nil {
+		*b = &backoff.ExponentialBackOff{
+			InitialInterval:     s.initial,
+			RandomizationFactor: s.jitter,
+			Multiplier:          s.multiplier,
+			MaxInterval:         s.maxInterval,
 			MaxElapsedTime:      0, // we enforce our own limit; backoff/v4 would stop at 15 minutes
 			Stop:                backoff.Stop,
-			Clock:               p.clock,
+			Clock:               ex.policy.clock,
 		}
-		ex.backoff.Reset()
+		(*b).Reset()
 	}
-	return ex.backoff.NextBackOff()
+	return (*b).NextBackOff()
 }
 
 // willRetry reports whether the Retry enclosing ctx will retry err after the

@@ -27,6 +27,7 @@ type RetryEvent struct {
 	Attempt  int           // the attempt that failed, 1-based
 	Err      error         // its error
 	Delay    time.Duration // the wait before attempt Attempt+1
+	Rule     string        // the rule whose schedule applies (RuleApplied); "" when Retry has none
 }
 
 // RetryOption configures Retry. Options are applied to a copy of the
@@ -35,8 +36,21 @@ type RetryEvent struct {
 type RetryOption func(*retryOptions)
 
 // retryOptions is what the options set, before Retry checks it and builds
-// its policy.
+// its policy. Its schedule is the one of errors no rule matches.
 type retryOptions struct {
+	schedule
+	retryIf   func(error) bool
+	onRetry   func(context.Context, RetryEvent)
+	clock     clock
+	telemetry telemetry.Config // Retry's own providers; nil fields: the listener's
+	rules     []retryRule      // RetryOn and NoRetryOn, in the order given
+	errs      []error          // from options whose argument alone is wrong
+}
+
+// schedule is how many attempts a delivery gets and how long it waits
+// between them: Retry's own, or a rule's.
+type schedule struct {
+	maxAttempts int
 	initial     time.Duration
 	multiplier  float64
 	maxInterval time.Duration
@@ -44,20 +58,19 @@ type retryOptions struct {
 	maxElapsed  time.Duration
 	handOff     time.Duration
 	handOffSet  bool
-	retryIf     func(error) bool
-	onRetry     func(context.Context, RetryEvent)
-	clock       clock
-	telemetry   telemetry.Config // Retry's own providers; nil fields: the listener's
-	errs        []error          // from options whose argument alone is wrong
 }
 
-func defaultRetryOptions() retryOptions {
-	return retryOptions{
+func defaultSchedule(maxAttempts int) schedule {
+	return schedule{
+		maxAttempts: maxAttempts,
 		initial:     DefaultInitialInterval,
 		multiplier:  DefaultMultiplier,
 		maxInterval: DefaultMaxInterval,
-		clock:       systemClock{},
 	}
+}
+
+func defaultRetryOptions(maxAttempts int) retryOptions {
+	return retryOptions{schedule: defaultSchedule(maxAttempts), clock: systemClock{}}
 }
 
 // WithInitialInterval sets the wait after the first failed attempt (Spring's
@@ -143,11 +156,18 @@ func OnRetry(hook func(ctx context.Context, e RetryEvent)) RetryOption {
 
 // check returns every problem with maxAttempts and the options, each naming
 // the option and its value.
-func (o *retryOptions) check(maxAttempts int) []error {
+func (o *retryOptions) check() []error {
+	return append(o.schedule.check("Retry", "middleware: "), o.errs...)
+}
+
+// check returns every problem with the schedule of owner (Retry, or a rule),
+// each naming the option and its value; the options' messages start with
+// prefix.
+func (o *schedule) check(owner, prefix string) []error {
 	var errs []error
-	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf("middleware: "+format, args...)) }
-	if maxAttempts < 1 {
-		fail("Retry expects maxAttempts >= 1, got %d", maxAttempts)
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(prefix+format, args...)) }
+	if o.maxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("middleware: %s expects maxAttempts >= 1, got %d", owner, o.maxAttempts))
 	}
 	if o.initial <= 0 {
 		fail("WithInitialInterval expects a duration > 0, got %v", o.initial)
@@ -167,5 +187,5 @@ func (o *retryOptions) check(maxAttempts int) []error {
 	if o.handOffSet && o.handOff <= 0 {
 		fail("HandOffAfter expects a duration > 0, got %v", o.handOff)
 	}
-	return append(errs, o.errs...)
+	return errs
 }

@@ -20,6 +20,7 @@ const (
 	AttrAttempt    = telemetry.KeyAttempt    // "amqpretry.attempt": the attempt's number, 1-based
 	AttrOutcome    = telemetry.KeyOutcome    // "amqpretry.outcome": how the attempt or the recovery ended
 	AttrRetryDelay = telemetry.KeyRetryDelay // "amqpretry.retry.delay": seconds until the next attempt, on the "retry scheduled" event
+	AttrRetryRule  = telemetry.KeyRetryRule  // "amqpretry.retry.rule": the rule that decided after a failed attempt (RuleApplied), when Retry has rules; also on the "recovery" event
 )
 
 // startAttempt opens the attempt's span and the context the chain below
@@ -69,13 +70,17 @@ func (ex *execution) retryScheduled(span trace.Span, delay time.Duration) {
 	}
 }
 
-// endAttempt closes the attempt's span and counts the attempt by outcome.
-func (ex *execution) endAttempt(ctx context.Context, span trace.Span, outcome telemetry.Outcome, err error) {
+// endAttempt closes the attempt's span and counts the attempt by outcome;
+// rule is the rule that decided after it failed, or "".
+func (ex *execution) endAttempt(ctx context.Context, span trace.Span, outcome telemetry.Outcome, err error, rule string) {
 	if span.IsRecording() { // ours: startAttempt only starts spans that record
 		span.SetAttributes(outcome.Attr())
 		if err != nil {
 			span.SetStatus(codes.Error, errtext.String(err))
 			span.SetAttributes(semconv.ErrorTypeKey.String(ErrorType(err)))
+		}
+		if rule != "" {
+			span.SetAttributes(attribute.String(AttrRetryRule, rule))
 		}
 		span.End()
 	}

@@ -67,6 +67,14 @@ func TestWorstCaseWait(t *testing.T) {
 		{"hand-off above the cap changes nothing", middleware.Retry(7, middleware.HandOffAfter(time.Hour)), 35 * s},
 		{"hand-off with jitter: a draw up to the threshold", middleware.Retry(10, middleware.HandOffAfter(4500*time.Millisecond), middleware.WithJitter(0.5)), 1500*time.Millisecond + 3*s + 4500*time.Millisecond + 4500*time.Millisecond},
 		{"initial at the cap", middleware.Retry(3, middleware.WithInitialInterval(5*s), middleware.WithMaxInterval(5*s)), 10 * s},
+		{"rules: each schedule's worst case, one after the other", middleware.Retry(3,
+			middleware.RetryOn(middleware.ErrorIs("a", errBoom), 5, middleware.WithInitialInterval(100*time.Millisecond)),
+			middleware.NoRetryOn(middleware.ErrorIs("b", errBoom))), 1*s + 2*s + 1500*time.Millisecond},
+		{"rules: no more waits than the delivery's attempts", middleware.Retry(2, middleware.WithMaxInterval(s),
+			middleware.RetryOn(middleware.ErrorIs("a", errBoom), 2, middleware.WithMaxInterval(s)),
+			middleware.RetryOn(middleware.ErrorIs("b", errBoom), 2, middleware.WithMaxInterval(s))), 1 * s},
+		{"rules: a rule's attempts multiply the Retries inside", middleware.Chain(
+			middleware.Retry(1, middleware.RetryOn(middleware.ErrorIs("a", errBoom), 3)), middleware.Retry(2)), 3*1*s + 1*s + 2*s},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

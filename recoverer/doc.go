@@ -21,6 +21,12 @@
 //
 //	recoverer.Fallback(recoverer.Republish(pub, "orders.dlx", "orders"), recoverer.Reject())
 //
+// ByError picks one by the error, with the classes of middleware.RetryOn:
+//
+//	recoverer.ByError(recoverer.Republish(pub, "orders.dlx", "orders"),
+//		recoverer.When(fraud, recoverer.Republish(pub, "", "orders.fraud")),
+//		recoverer.When(invalid, recoverer.Reject()))
+//
 // # Fault headers
 //
 // The republished copy keeps the body, every property (with persistent
@@ -38,6 +44,8 @@
 //	original-queue       the queue it was consumed from
 //	error-type           the Go type of the handler's error ("panic" for a panic)
 //	attempts             how many attempts were made (int64)
+//	retry-rule           the middleware.RetryOn rule that applied ("default" for
+//	                     Retry's own schedule), when the chain's Retry has rules
 //	failed-at            when it failed, RFC 3339 in UTC
 //	host                 the host that gave up on it
 //	original-expiration  its per-message TTL, removed so it does not expire on the DLQ

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -66,4 +67,38 @@ func ExampleRepublish() {
 	// Output:
 	// recovered: true
 	// payment 9: card declined (routing key amqpretry-example.payments)
+}
+
+// Failures go where their class says: a fraud to its own queue, a
+// validation error to the queue's own DLX, the rest to the DLQ.
+func ExampleByError() {
+	errFraud := errors.New("card reported stolen")
+	errInvalid := errors.New("no such customer")
+	fraud := middleware.ErrorIs("fraud", errFraud)
+	invalid := middleware.ErrorIs("validation", errInvalid)
+	// In production these are recoverer.Republish(pub, exchange, key).
+	queue := func(name string) middleware.Recoverer {
+		return middleware.RecovererFunc(func(ctx context.Context, d *amqp.Delivery, cause error) error {
+			fmt.Printf("%s → %s (rule %s)\n", d.Body, name, middleware.RuleApplied(ctx, cause))
+			return nil
+		})
+	}
+	chain := middleware.Chain(
+		middleware.Retry(3, middleware.WithInitialInterval(time.Millisecond), middleware.NoRetryOn(fraud), middleware.NoRetryOn(invalid)),
+		middleware.Recover(recoverer.ByError(queue("orders.dlq"),
+			recoverer.When(fraud, queue("orders.fraud")),
+			recoverer.When(invalid, recoverer.Reject()),
+		)),
+	)
+	for i, err := range []error{errFraud, errInvalid, errors.New("database down")} {
+		d := &amqp.Delivery{Body: []byte(fmt.Sprintf("order %d", i+1))}
+		result := chain(func(context.Context, *amqp.Delivery) error { return err })(context.Background(), d)
+		fmt.Printf("%s: %v\n", d.Body, middleware.SettlementFor(result))
+	}
+	// Output:
+	// order 1 → orders.fraud (rule fraud)
+	// order 1: ack
+	// order 2: reject
+	// order 3 → orders.dlq (rule default)
+	// order 3: ack
 }

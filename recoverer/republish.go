@@ -40,6 +40,10 @@ const (
 	SuffixHost               = "host"
 	SuffixOriginalExpiration = "original-expiration"
 	SuffixOriginalUserID     = "original-user-id"
+	// SuffixRetryRule names the rule of middleware.Retry that applied to
+	// the last failure (middleware.RuleApplied): a middleware.ErrorClass's
+	// name, or "default"; written only when the Retry has rules.
+	SuffixRetryRule = "retry-rule"
 	// SuffixDroppedHeaders lists, comma-separated, the message's own
 	// headers left out of a dead letter because with them it would not fit
 	// in a frame (rare: headers that nearly fill frame_max by themselves).
@@ -63,7 +67,7 @@ type Republisher struct {
 
 // faultKeys are the names of our fault headers, the prefix joined once.
 type faultKeys struct {
-	originalQueue, errorType, attempts, failedAt, host, originalExpiration, originalUserID, droppedHeaders string
+	originalQueue, errorType, attempts, retryRule, failedAt, host, originalExpiration, originalUserID, droppedHeaders string
 }
 
 func newFaultKeys(prefix string) faultKeys {
@@ -71,6 +75,7 @@ func newFaultKeys(prefix string) faultKeys {
 		originalQueue:      prefix + SuffixOriginalQueue,
 		errorType:          prefix + SuffixErrorType,
 		attempts:           prefix + SuffixAttempts,
+		retryRule:          prefix + SuffixRetryRule,
 		failedAt:           prefix + SuffixFailedAt,
 		host:               prefix + SuffixHost,
 		originalExpiration: prefix + SuffixOriginalExpiration,
@@ -207,6 +212,11 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	headers[keys.originalQueue] = chainctx.Queue(ctx)
 	headers[keys.errorType] = middleware.ErrorType(cause)
 	headers[keys.attempts] = int64(FailedAttempts(ctx, cause))
+	if rule := middleware.RuleApplied(ctx, cause); rule != "" {
+		headers[keys.retryRule] = rule
+	} else {
+		delete(headers, keys.retryRule) // from an earlier failure, under another chain
+	}
 	headers[keys.failedAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	headers[keys.host] = r.host
 
@@ -272,7 +282,7 @@ const faultTextFloor = 1024
 func (r *Republisher) ownKeys() map[string]bool {
 	k := &r.keys
 	return map[string]bool{HeaderOriginalExchange: true, HeaderOriginalRoutingKey: true, k.originalQueue: true, k.errorType: true,
-		k.attempts: true, k.failedAt: true, k.host: true, k.originalExpiration: true, k.originalUserID: true}
+		k.attempts: true, k.retryRule: true, k.failedAt: true, k.host: true, k.originalExpiration: true, k.originalUserID: true}
 }
 
 // dropToFit drops headers, the largest first and ours last, until the table

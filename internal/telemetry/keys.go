@@ -15,6 +15,7 @@ const (
 	KeyAttempt    = "amqpretry.attempt"     // an attempt span's number, 1-based
 	KeyOutcome    = "amqpretry.outcome"     // how an attempt or a recovery ended: an Outcome
 	KeyRetryDelay = "amqpretry.retry.delay" // seconds until the next attempt, on the "retry scheduled" event
+	KeyRetryRule  = "amqpretry.retry.rule"  // the retry rule that decided after a failed attempt
 	KeySettlement = "amqpretry.settlement"  // how the listener settled a delivery
 )
 
