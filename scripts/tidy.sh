@@ -15,15 +15,22 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/modules.bash"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 core=$(module_path .)
-proxy=$(mktemp -d "${TMPDIR:-/tmp}/amqpretry-tidy.XXXXXX")
-trap 'rm -rf "$proxy"' EXIT
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/amqpretry-tidy.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+proxy=$scratch/proxy
 scripts/release-check.sh --proxy-only "$proxy" > /dev/null
+# A module cache of its own: the work tree's modules at the version required
+# must not land in the user's module cache, which would keep them (a module
+# cache is never refreshed) in place of the published ones. Every other
+# module comes from the user's cache, read as a file proxy, or from GOPROXY.
+usercache="$(go env GOMODCACHE)/cache/download"
 
 ours() { awk -v p="$core" '$1 == p || index($1, p "/") == 1' "$1"; }
 for m in $(workspace_modules go.work); do
   sum="$root/$m/go.sum"
   kept=$(if [ -f "$sum" ]; then ours "$sum"; fi)
-  (cd "$m" && env GOWORK=off GOFLAGS=-mod=mod GOPROXY="file://$proxy,$(go env GOPROXY)" GONOSUMDB="$core" GOPRIVATE= GONOPROXY= \
+  (cd "$m" && env GOWORK=off GOFLAGS="-mod=mod -modcacherw" GOMODCACHE="$scratch/modcache" \
+    GOPROXY="file://$proxy,file://$usercache,$(go env GOPROXY)" GONOSUMDB="$core" GOPRIVATE= GONOPROXY= \
     go mod tidy) || { echo "tidy.sh: go mod tidy failed in $m" >&2; exit 1; }
   [ -f "$sum" ] || continue
   LC_ALL=C awk -v p="$core" -v kept="$kept" '
