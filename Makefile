@@ -1,6 +1,8 @@
 # The two commands a newcomer needs:
 #   make demo   run examples/quickstart against the local broker (started if needed)
-#   make test   everything CI runs: formatting, vet, staticcheck, then on RabbitMQ
+#   make test   everything CI runs: formatting, the go.mod files, the release
+#               check (what a release would publish resolves outside the
+#               repository), vet, staticcheck, then on RabbitMQ
 #               3.10, 4.0 and 4.3 each the tests with -race (the outbox's
 #               on PostgreSQL too) and the broker-disrupting reliability suite,
 #               then the cluster tests on a three-node RabbitMQ 4.3 cluster,
@@ -10,6 +12,9 @@
 #                   (its outbox section on PostgreSQL too, its retry section on RabbitMQ 4.3)
 #   make soak       the long fault-injection soak (200,000 messages)
 #   make vulncheck  govulncheck on every module
+#   make tidy       go mod tidy in every module (scripts/tidy.sh: go mod tidy ignores
+#                   go.work, so it reads our modules from a scratch module proxy)
+#   make release-check  the release check alone (scripts/release-check.sh)
 #   make suite      the broker-backed suite once, against $$AMQP_URL (and the node
 #                   $$AMQPRETRY_RABBITMQCTL reaches): for a broker of your own
 #   make rabbit4    make sure the RabbitMQ 4.0 broker answers (scripts/rabbit4.sh)
@@ -28,7 +33,10 @@ STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 # Modules with their own go.mod: the library, programs that use it, the
 # outbox/inbox and the CLI (modules of their own so that their database
-# driver stays out of the library's go.mod).
+# driver stays out of the library's go.mod). go.work uses them all, so every
+# command here builds what is checked out; the nested ones require the
+# library (and outbox) at the version they are released with, which go.work
+# makes this directory (scripts/setversion.sh, scripts/release.sh).
 MODULES := . examples bench outbox cmd/amqpretry
 
 # The oldest Go the library supports. `go mod tidy` raises a module's go line
@@ -66,9 +74,9 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 # The phases share the brokers and one disrupts them: never run them in parallel.
 .NOTPARALLEL:
 
-.PHONY: test demo bench broker postgres rabbit4 rabbit43 suite-4.3 cluster-up cluster-down test-cluster cluster-4.3 fmt gomod vet staticcheck suite suite-3.10 suite-4.0 unit reliability fuzz soak vulncheck
+.PHONY: test release-check tidy demo bench broker postgres rabbit4 rabbit43 suite-4.3 cluster-up cluster-down test-cluster cluster-4.3 fmt gomod vet staticcheck suite suite-3.10 suite-4.0 unit reliability fuzz soak vulncheck
 
-test: fmt gomod vet staticcheck suite-3.10 suite-4.0 suite-4.3 cluster-4.3 fuzz vulncheck
+test: fmt gomod release-check vet staticcheck suite-3.10 suite-4.0 suite-4.3 cluster-4.3 fuzz vulncheck
 
 demo: broker
 	@echo "make demo: examples/quickstart on $$(AMQP_URL=$(URL_3) $(BIN)/brokercheck -describe)"
@@ -166,11 +174,26 @@ fmt:
 	if [ -n "$$unformatted" ]; then echo "gofmt would change these files (run gofmt -w):"; echo "$$unformatted"; exit 1; fi
 
 gomod:
-	@for m in $(MODULES); do \
-	  line=$$(sed -n 's/^go //p' $$m/go.mod); \
+	@for f in $(addsuffix /go.mod,$(MODULES)) go.work; do \
+	  line=$$(sed -n 's/^go //p' $$f); \
 	  case "$$line" in $(GO_FLOOR)|$(GO_FLOOR).*) ;; \
-	  *) echo "$$m/go.mod says go $$line; the floor is $(GO_FLOOR): pin the dependency that raised it"; exit 1;; esac; \
+	  *) echo "$${f#./} says go $$line; the floor is $(GO_FLOOR): pin the dependency that raised it (go work init writes the toolchain's version)"; exit 1;; esac; \
+	  if grep -q '^toolchain ' $$f; then echo "$${f#./} has a toolchain line: remove it, the floor is the go line"; exit 1; fi; \
 	done
+	@used=$$(source scripts/lib/modules.bash && workspace_modules go.work); \
+	for m in $(MODULES); do \
+	  grep -qxF "$$m" <<< "$$used" || { echo "go.work does not use $$m: go work use $$m"; exit 1; }; \
+	done
+
+# A scratch module proxy of this work tree at the version the modules
+# require, then a user's module outside the repository that go gets the
+# library and outbox and go installs the CLI from it, with GOWORK=off
+# (scripts/release-check.sh; about half a minute).
+release-check:
+	@scripts/release-check.sh
+
+tidy:
+	@scripts/tidy.sh
 
 vet:
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done

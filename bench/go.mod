@@ -2,16 +2,11 @@ module github.com/amqpretry/amqpretry/bench
 
 go 1.24.0
 
-replace (
-	github.com/amqpretry/amqpretry => ../
-	github.com/amqpretry/amqpretry/outbox => ../outbox
-)
-
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/ThreeDotsLabs/watermill-amqp v1.1.4
-	github.com/amqpretry/amqpretry v0.0.0
-	github.com/amqpretry/amqpretry/outbox v0.0.0
+	github.com/amqpretry/amqpretry v0.1.0
+	github.com/amqpretry/amqpretry/outbox v0.1.0
 	github.com/jackc/pgx/v5 v5.8.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	go.opentelemetry.io/otel v1.41.0

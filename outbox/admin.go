@@ -42,28 +42,52 @@ func (o *Outbox) List(ctx context.Context, opt ListOptions) ([]Row, error) {
 	if opt.Failed {
 		where = ` WHERE status = 'failed'`
 	}
-	rows, err := o.db.QueryContext(ctx, `SELECT id, message_id, exchange, routing_key, status, retried_count,
-	next_retry_at, created_at, sent_at, COALESCE(last_error, ''), octet_length(body)
-	FROM `+o.cfg.table.Quoted+where+` ORDER BY id LIMIT $1`, limit)
+	rows, err := o.db.QueryContext(ctx, rowColumns+o.cfg.table.Quoted+where+` ORDER BY id LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list %s: %w", o.cfg.table.Name, pgsql.RedactErr(err))
 	}
 	defer rows.Close()
 	var out []Row
 	for rows.Next() {
-		var r Row
-		var sent sql.NullTime
-		if err := rows.Scan(&r.ID, &r.MessageID, &r.Exchange, &r.RoutingKey, &r.Status, &r.RetriedCount,
-			&r.NextRetryAt, &r.CreatedAt, &sent, &r.LastError, &r.BodySize); err != nil {
+		r, err := scanRow(rows)
+		if err != nil {
 			return nil, fmt.Errorf("outbox: list %s: %w", o.cfg.table.Name, pgsql.RedactErr(err))
 		}
-		r.SentAt = sent.Time
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("outbox: list %s: %w", o.cfg.table.Name, pgsql.RedactErr(err))
 	}
 	return out, nil
+}
+
+// Get returns the row with this id, as List shows it. A missing row gives
+// a *RowStateError matching ErrNotFound.
+func (o *Outbox) Get(ctx context.Context, id int64) (Row, error) {
+	r, err := scanRow(o.db.QueryRowContext(ctx, rowColumns+o.cfg.table.Quoted+` WHERE id = $1`, id))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return Row{}, &RowStateError{ID: id}
+	case err != nil:
+		return Row{}, fmt.Errorf("outbox: get row %d of %s: %w", id, o.cfg.table.Name, pgsql.RedactErr(err))
+	}
+	return r, nil
+}
+
+// rowColumns selects what a Row holds, followed by the table's name.
+const rowColumns = `SELECT id, message_id, exchange, routing_key, status, retried_count,
+	next_retry_at, created_at, sent_at, COALESCE(last_error, ''), octet_length(body) FROM `
+
+// scanRow reads the columns of rowColumns from a *sql.Rows or a *sql.Row.
+func scanRow(s interface{ Scan(...any) error }) (Row, error) {
+	var r Row
+	var sent sql.NullTime
+	if err := s.Scan(&r.ID, &r.MessageID, &r.Exchange, &r.RoutingKey, &r.Status, &r.RetriedCount,
+		&r.NextRetryAt, &r.CreatedAt, &sent, &r.LastError, &r.BodySize); err != nil {
+		return Row{}, err
+	}
+	r.SentAt = sent.Time
+	return r, nil
 }
 
 // requeue is what Retry does to a failed row: due now, with a fresh count

@@ -18,8 +18,8 @@ var (
 	ErrNotFailed = errors.New("outbox: row is not failed")
 )
 
-// RowStateError says which row Retry could not requeue and why; it matches
-// ErrNotFound or ErrNotFailed.
+// RowStateError says which row Retry could not requeue, or Get could not
+// find, and why; it matches ErrNotFound or ErrNotFailed.
 type RowStateError struct {
 	ID     int64
 	Status Status // "" when the row does not exist
@@ -27,7 +27,7 @@ type RowStateError struct {
 
 func (e *RowStateError) Error() string {
 	if e.Status == "" {
-		return fmt.Sprintf("outbox: no row with id %d: check the id with List", e.ID)
+		return fmt.Sprintf("outbox: no row with id %d", e.ID)
 	}
 	return fmt.Sprintf("outbox: row %d is %s, not failed: only failed rows are retried by hand; the relay retries in-flight rows by itself", e.ID, e.Status)
 }

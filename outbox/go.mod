@@ -3,7 +3,7 @@ module github.com/amqpretry/amqpretry/outbox
 go 1.24.0
 
 require (
-	github.com/amqpretry/amqpretry v0.0.0
+	github.com/amqpretry/amqpretry v0.1.0
 	github.com/jackc/pgx/v5 v5.8.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	go.uber.org/goleak v1.3.0
@@ -24,5 +24,3 @@ require (
 	golang.org/x/sync v0.17.0 // indirect
 	golang.org/x/text v0.29.0 // indirect
 )
-
-replace github.com/amqpretry/amqpretry => ../

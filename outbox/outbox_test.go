@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"log/slog"
 	"regexp"
 	"slices"
@@ -236,6 +237,35 @@ func TestRefusedRowsFailThenRetryByHand(t *testing.T) {
 				t.Fatalf("Retry of a sent row: %v, want ErrNotFailed", err)
 			}
 		})
+	}
+}
+
+// Get returns one row as List shows it, and a missing one as ErrNotFound.
+func TestGet(t *testing.T) {
+	ob, db, _ := setup(t)
+	enqueue(t, db, ob, "orders", "k0", amqp.Publishing{Body: []byte("first")})
+	id := enqueue(t, db, ob, "orders", "k1", amqp.Publishing{MessageId: "order-1", Body: []byte("second")})
+	got, err := ob.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed, err := ob.List(context.Background(), outbox.ListOptions{})
+	if err != nil || len(listed) != 2 {
+		t.Fatalf("List = %v, %v", listed, err)
+	}
+	want := listed[1]
+	sameTimes := got.CreatedAt.Equal(want.CreatedAt) && got.NextRetryAt.Equal(want.NextRetryAt) && got.SentAt.Equal(want.SentAt)
+	got.CreatedAt, got.NextRetryAt, got.SentAt = want.CreatedAt, want.NextRetryAt, want.SentAt
+	if got != want || !sameTimes || got.ID != id || got.MessageID != "order-1" || got.RoutingKey != "k1" || got.BodySize != 6 || got.Status != outbox.StatusInFlight {
+		t.Fatalf("Get(%d) = %+v; List shows %+v", id, got, listed[1])
+	}
+	_, err = ob.Get(context.Background(), id+1000)
+	var rse *outbox.RowStateError
+	if !errors.Is(err, outbox.ErrNotFound) || !errors.As(err, &rse) || rse.ID != id+1000 {
+		t.Fatalf("Get of a missing row: %v, want a *RowStateError matching ErrNotFound", err)
+	}
+	if want := fmt.Sprintf("outbox: no row with id %d", id+1000); err.Error() != want {
+		t.Errorf("Get of a missing row says %q, want %q", err, want)
 	}
 }
 

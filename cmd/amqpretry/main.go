@@ -1,21 +1,24 @@
-// Command amqpretry inspects and repairs dead-letter queues and outbox
-// tables.
+// Command amqpretry works the dead letters amqpretry's recoverer parks on
+// RabbitMQ queues, and the rows of an outbox table:
 //
-//	amqpretry dlq list    QUEUE [--limit N]                 a table of the first N messages (100), left in place
+//	amqpretry dlq list    QUEUE [--limit N] [--json]        the messages at the head of a DLQ, left in place
 //	amqpretry dlq show    QUEUE [--index N | --id ID]       one message in full, left in place
 //	amqpretry dlq replay  QUEUE [--limit N] [--match RE] [--to QUEUE | --to-original-exchange]
-//	amqpretry dlq purge   QUEUE --yes                       delete every message
+//	amqpretry dlq purge   QUEUE --yes                       delete every ready message
 //
-//	amqpretry outbox list   [--failed] [--limit N]          the outbox's rows, oldest first (100)
+//	amqpretry outbox list   [--failed] [--limit N] [--json] the rows, oldest first
+//	amqpretry outbox show   ID [--json]                     one row, its last error whole
+//	amqpretry outbox counts [--json]                        rows per status
 //	amqpretry outbox retry  ID | --all-failed               put failed rows back in flight
 //	amqpretry outbox schema [--inbox-table NAME]            the DDL of the outbox and inbox tables
 //
-// The outbox commands reach PostgreSQL through --dsn, else $DATABASE_URL
-// (postgres://user:password@host:5432/db or host=... keyword/value form), and
-// work on --table (default amqpretry_outbox); schema only prints and needs
-// no database. A password in a DSN is never printed: every error goes
-// through outbox.Redact. A row's exchange, routing key, message id and last
-// error are escaped as a dead letter's fields are.
+//	amqpretry version | help [COMMAND] | COMMAND --help
+//
+// Install it with
+//
+//	go install github.com/amqpretry/amqpretry/cmd/amqpretry@latest
+//
+// or run it from a checkout with go run ./cmd/amqpretry.
 //
 // The broker is --url, else $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/;
 // for a cluster, the nodes' URLs separated by commas (tried in a random order).
@@ -33,28 +36,38 @@
 // \u202e, \xff, never reaching the terminal. Table cells and one-line fields
 // escape line breaks too; show keeps those of the body and of string headers
 // (stack traces), indenting a header's further lines, and shows a binary body
-// as a hex dump of its first 1024 bytes.
+// as a hex dump of its first 1024 bytes. --json output is exact once decoded,
+// with every character that does not print written as a \u escape.
+//
+// The outbox commands reach PostgreSQL through --dsn, else $DATABASE_URL
+// (postgres://user:password@host:5432/db or host=... keyword/value form), and
+// work on --table (default amqpretry_outbox); schema only prints and needs
+// no database. A password in a DSN is never printed: every error goes
+// through outbox.Redact. A row's exchange, routing key, message id and last
+// error are escaped as a dead letter's fields are.
+//
+// Times are RFC 3339 in UTC, to the second, and "-" when unset.
 // Exit status: 0 done, 1 the broker, the queue, the database or the row
 // failed, 2 wrong usage.
 //
 // The command is a module of its own, so that its PostgreSQL driver stays out
-// of the library's go.mod; its go.mod points at the library and the outbox
-// beside it in the checkout (replace directives, which go install of a
-// version refuses): build it there, with cd cmd/amqpretry && go build.
+// of the library's go.mod.
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"os"
 	"os/signal"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
@@ -64,145 +77,199 @@ import (
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
-	"github.com/amqpretry/amqpretry/outbox"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
-const usage = `usage:
-  amqpretry dlq list    QUEUE [--limit N (100)]
-  amqpretry dlq show    QUEUE [--index N | --id MESSAGE_ID]
-  amqpretry dlq replay  QUEUE [--limit N] [--match REGEXP] [--to QUEUE | --to-original-exchange]
-  amqpretry dlq purge   QUEUE --yes
-flags for every dlq command: --url URL[,URL...] (default $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/;
-  several: the nodes of a cluster),
-  --header-prefix PREFIX (default x-amqpretry-)
-
-  amqpretry outbox list   [--failed] [--limit N (100)]
-  amqpretry outbox retry  ID | --all-failed
-  amqpretry outbox schema [--inbox-table NAME (amqpretry_inbox)]
-flags for every outbox command: --dsn DSN (default $DATABASE_URL), --table NAME (default amqpretry_outbox)
-`
-
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// errUsage marks a mistake in the command line: exit status 2.
-var errUsage = errors.New("usage")
+const dlqListUsage = `amqpretry dlq list QUEUE [--limit N] [--json] [--url URL] [--header-prefix PREFIX]
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	err := dispatch(ctx, args, stdout, stderr)
-	if err == nil {
-		return 0
+Shows the first --limit messages of QUEUE, a table of their message id,
+original routing key, exception, attempts, broker retries and failure time.
+It takes them without acking and hands each back with basic.nack(requeue):
+they stay where they were, in order.
+
+--json prints a JSON array instead, one object per message, with the fields
+  index, message_id, routing_key (the original one), original_exchange,
+  original_queue, exception (whole), error_type, attempts (null when unknown),
+  retries, failed_at and timestamp (RFC 3339, null when unset), content_type,
+  body_bytes.`
+
+const dlqShowUsage = `amqpretry dlq show QUEUE [--index N | --id MESSAGE_ID] [--url URL] [--header-prefix PREFIX]
+
+Prints one message of QUEUE in full: its properties, every header and the
+body (a binary body as a hex dump of its first 1024 bytes). --index counts
+from 0, the head of the queue (the default); --id picks the first message
+with that message id. The messages looked at stay where they were.`
+
+const dlqReplayUsage = `amqpretry dlq replay QUEUE [--limit N] [--match REGEXP] [--to QUEUE | --to-original-exchange] [--url URL] [--header-prefix PREFIX]
+
+Sends the messages of QUEUE back: by default to the queue they failed on
+(the recoverer's original-queue header), with --to to another queue, with
+--to-original-exchange to the exchange and routing key first used. Each is
+published with a confirm before it is acked off QUEUE; one without a
+destination, or not matching --match (a regular expression over the message
+id, original routing key, exception and the body's first 4 KiB), stays.`
+
+const dlqPurgeUsage = `amqpretry dlq purge QUEUE --yes [--url URL]
+
+Deletes every ready message of QUEUE; messages a consumer holds unacked
+stay with it.`
+
+// brokerFlags are the flags of the commands that reach the broker.
+type brokerFlags struct{ url, prefix *string }
+
+func addBrokerFlags(fs *flag.FlagSet, withPrefix bool) brokerFlags {
+	b := brokerFlags{url: fs.String("url", "", "the broker's `URL`; several, separated by commas, for the nodes of a cluster (default $AMQP_URL, else "+amqpurl.Default+")")}
+	if withPrefix {
+		b.prefix = fs.String("header-prefix", recoverer.DefaultHeaderPrefix, "the `PREFIX` of the recoverer's fault headers (recoverer.WithHeaderPrefix)")
 	}
-	// A DSN, unlike an AMQP URL, reaches errors unredacted (a driver may
-	// quote it): whatever the error says is redacted here, once for all.
-	text := outbox.Redact(err.Error())
-	if errors.Is(err, errUsage) {
-		fmt.Fprintf(stderr, "amqpretry: %s\n%s", text, usage)
-		return 2
-	}
-	fmt.Fprintf(stderr, "amqpretry: %s\n", text)
-	return 1
+	return b
 }
 
-func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) >= 1 && args[0] == "outbox" {
-		return dispatchOutbox(ctx, args[1:], stdout)
+// urls are the broker addresses --url, $AMQP_URL or the default give.
+func (b brokerFlags) urls() ([]string, error) {
+	url := *b.url
+	if url == "" {
+		url = os.Getenv("AMQP_URL")
 	}
-	if len(args) < 2 || args[0] != "dlq" {
-		return fmt.Errorf("%w: expected \"dlq list|show|replay|purge QUEUE\" or \"outbox list|retry|schema\"", errUsage)
+	if url == "" {
+		url = amqpurl.Default
 	}
-	cmd := args[1]
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	url := fs.String("url", "", "broker URL")
-	limit := fs.Int("limit", 0, "at most this many messages")
-	index := fs.Int("index", 0, "show: the message at this position (0 is the head)")
-	id := fs.String("id", "", "show: the message with this message id")
-	match := fs.String("match", "", "replay: only messages whose id, routing key, error or body match this regular expression")
-	to := fs.String("to", "", "replay: send to this queue")
-	toOriginal := fs.Bool("to-original-exchange", false, "replay: send to the exchange and routing key first used")
-	yes := fs.Bool("yes", false, "purge: really delete the messages")
-	prefix := fs.String("header-prefix", recoverer.DefaultHeaderPrefix, "the prefix the recoverer wrote its headers with (recoverer.WithHeaderPrefix)")
-	queue, err := parse(fs, args[2:])
+	urls := amqpurl.SplitList(url)
+	if len(urls) == 0 || slices.Contains(urls, "") {
+		return nil, usagef("--url: an empty address in the list %q", amqpurl.Redact(url))
+	}
+	for _, u := range urls {
+		if _, err := amqpurl.Parse(u); err != nil {
+			return nil, usagef("--url: %v", err)
+		}
+	}
+	return urls, nil
+}
+
+func dlqList(ctx context.Context, args []string, stdout, _ io.Writer) error {
+	fs := newFlags("dlq list")
+	broker := addBrokerFlags(fs, true)
+	limit := fs.Int("limit", 100, "show at most `N` messages, from the head of the queue")
+	asJSON := fs.Bool("json", false, "print a JSON array, one object per message, instead of a table")
+	queue, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if *limit < 1 {
+		return usagef("--limit expects 1 or more, got %d", *limit)
+	}
+	urls, err := broker.urls()
+	if err != nil {
+		return err
+	}
+	return withChannel(urls, func(ch *amqp.Channel) error { return list(ctx, ch, queue, *limit, *broker.prefix, *asJSON, stdout) })
+}
+
+func dlqShow(ctx context.Context, args []string, stdout, _ io.Writer) error {
+	fs := newFlags("dlq show")
+	broker := addBrokerFlags(fs, true)
+	index := fs.Int("index", 0, "the message at position `N`, 0 being the head")
+	id := fs.String("id", "", "the first message with this message `ID`")
+	queue, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if isSet(fs, "index") && isSet(fs, "id") {
+		return usagef("show takes --index or --id, not both")
+	}
+	if *index < 0 {
+		return usagef("--index expects 0 (the head) or more, got %d", *index)
+	}
+	urls, err := broker.urls()
+	if err != nil {
+		return err
+	}
+	return withChannel(urls, func(ch *amqp.Channel) error { return show(ctx, ch, queue, *index, *id, *broker.prefix, stdout) })
+}
+
+func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("dlq replay")
+	broker := addBrokerFlags(fs, true)
+	limit := fs.Int("limit", 0, "replay at most `N` messages (0: every one)")
+	match := fs.String("match", "", "only messages whose id, original routing key, exception or body match this `REGEXP`")
+	to := fs.String("to", "", "send to this `QUEUE`")
+	toOriginal := fs.Bool("to-original-exchange", false, "send to the exchange and routing key first used")
+	queue, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if *limit < 0 {
-		return fmt.Errorf("%w: --limit expects 1 or more (0 or left out: list shows 100, replay takes every message), got %d", errUsage, *limit)
+		return usagef("--limit expects 1 or more (or 0, the default: every message), got %d", *limit)
 	}
-	if *url == "" {
-		*url = os.Getenv("AMQP_URL")
+	if *to != "" && *toOriginal {
+		return usagef("replay takes --to or --to-original-exchange, not both")
 	}
-	if *url == "" {
-		*url = amqpurl.Default
-	}
-	urls := amqpurl.SplitList(*url)
-	if len(urls) == 0 || slices.Contains(urls, "") {
-		return fmt.Errorf("%w: --url: an empty address in the list %q", errUsage, amqpurl.Redact(*url))
-	}
-	for _, u := range urls {
-		if _, err := amqpurl.Parse(u); err != nil {
-			return fmt.Errorf("%w: --url: %v", errUsage, err)
+	var re *regexp.Regexp
+	if *match != "" {
+		if re, err = regexp.Compile(*match); err != nil {
+			return usagef("--match: %v", err)
 		}
 	}
-
-	switch cmd {
-	case "list":
-		return withChannel(urls, func(ch *amqp.Channel) error { return list(ctx, ch, queue, *limit, *prefix, stdout) })
-	case "show":
-		if *id != "" && *index != 0 {
-			return fmt.Errorf("%w: show takes --index or --id, not both", errUsage)
-		}
-		return withChannel(urls, func(ch *amqp.Channel) error { return show(ctx, ch, queue, *index, *id, stdout) })
-	case "replay":
-		if *to != "" && *toOriginal {
-			return fmt.Errorf("%w: replay takes --to or --to-original-exchange, not both", errUsage)
-		}
-		var re *regexp.Regexp
-		if *match != "" {
-			if re, err = regexp.Compile(*match); err != nil {
-				return fmt.Errorf("%w: --match: %v", errUsage, err)
-			}
-		}
-		return replay(ctx, urls, queue, *limit, re, *to, *toOriginal, *prefix, stdout, stderr)
-	case "purge":
-		if !*yes {
-			return fmt.Errorf("%w: purge deletes every ready message on %s; add --yes to do it", errUsage, queue)
-		}
-		return withChannel(urls, func(ch *amqp.Channel) error {
-			n, err := ch.QueuePurge(queue, false)
-			if err != nil {
-				return fmt.Errorf("purge %s: %w", queue, err)
-			}
-			fmt.Fprintf(stdout, "purged %d ready messages from %s (unacked ones stay with their consumers)\n", n, queue)
-			return nil
-		})
+	urls, err := broker.urls()
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+	return replay(ctx, urls, queue, *limit, re, *to, *toOriginal, *broker.prefix, stdout, stderr)
 }
 
-// parse accepts flags before and after the one positional QUEUE.
+func dlqPurge(_ context.Context, args []string, stdout, _ io.Writer) error {
+	fs := newFlags("dlq purge")
+	broker := addBrokerFlags(fs, false)
+	yes := fs.Bool("yes", false, "really delete the messages")
+	queue, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if !*yes {
+		return usagef("purge deletes every ready message on %s; add --yes to do it", queue)
+	}
+	urls, err := broker.urls()
+	if err != nil {
+		return err
+	}
+	return withChannel(urls, func(ch *amqp.Channel) error {
+		n, err := ch.QueuePurge(queue, false)
+		if err != nil {
+			return fmt.Errorf("purge %s: %w", queue, err)
+		}
+		fmt.Fprintf(stdout, "purged %d ready messages from %s (unacked ones stay with their consumers)\n", n, queue)
+		return nil
+	})
+}
+
+// isSet says whether the command line set the flag.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// parse accepts flags before and after the one positional QUEUE. For -h
+// or --help it returns a *helpRequest.
 func parse(fs *flag.FlagSet, args []string) (string, error) {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return "", fmt.Errorf("%w: %v", errUsage, err)
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
+	positional, err := parseAll(fs, args)
+	if err != nil {
+		return "", err
 	}
-	if len(positional) != 1 {
-		return "", fmt.Errorf("%w: expected one QUEUE, got %d arguments", errUsage, len(positional))
+	switch len(positional) {
+	case 1:
+		return positional[0], nil
+	case 0:
+		return "", usagef("which QUEUE?")
 	}
-	return positional[0], nil
+	return "", usagef("expected one QUEUE, got %d arguments: %q", len(positional), positional)
 }
 
 func withChannel(urls []string, f func(*amqp.Channel) error) error {
@@ -263,31 +330,125 @@ func handBack(msgs []amqp.Delivery) {
 	}
 }
 
-func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix string, stdout io.Writer) error {
-	if limit <= 0 {
-		limit = 100
-	}
+func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix string, asJSON bool, stdout io.Writer) error {
 	msgs, err := peek(ctx, ch, queue, limit, nil)
 	if err != nil {
 		return err
 	}
 	defer handBack(msgs)
+	if asJSON {
+		out := make([]deadLetterJSON, 0, len(msgs))
+		for i := range msgs {
+			out = append(out, deadLetterOf(i, &msgs[i], prefix))
+		}
+		return writeJSON(stdout, out)
+	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "#\tMESSAGE ID\tROUTING KEY\tEXCEPTION\tATTEMPTS\tRETRIES\tFAILED AT")
 	for i, d := range msgs {
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", i, orDash(escapeLine(d.MessageId)), orDash(escapeLine(originalKey(&d))),
 			oneLine(header(&d, recoverer.HeaderExceptionMessage), 60),
 			orDash(shownHeader(&d, prefix+recoverer.SuffixAttempts)), dlx.RetryCount(&d),
-			orDash(shownHeader(&d, prefix+recoverer.SuffixFailedAt)))
+			failedAtText(&d, prefix))
 	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%d message(s) shown from %s\n", len(msgs), queue)
+	fmt.Fprintf(stdout, "%d message(s) shown from %s", len(msgs), queue)
+	if len(msgs) > 0 {
+		fmt.Fprintf(stdout, "; amqpretry dlq show %s --index N prints one in full", queue)
+	}
+	fmt.Fprintln(stdout)
 	return nil
 }
 
-func show(ctx context.Context, ch *amqp.Channel, queue string, index int, id string, stdout io.Writer) error {
+// deadLetterJSON is one message of dlq list --json; dlqListUsage documents
+// the fields, whose names do not change.
+type deadLetterJSON struct {
+	Index            int        `json:"index"`
+	MessageID        string     `json:"message_id"`
+	RoutingKey       string     `json:"routing_key"`
+	OriginalExchange string     `json:"original_exchange"`
+	OriginalQueue    string     `json:"original_queue"`
+	Exception        string     `json:"exception"`
+	ErrorType        string     `json:"error_type"`
+	Attempts         *int64     `json:"attempts"`
+	Retries          int        `json:"retries"`
+	FailedAt         *time.Time `json:"failed_at"`
+	Timestamp        *time.Time `json:"timestamp"`
+	ContentType      string     `json:"content_type"`
+	BodyBytes        int        `json:"body_bytes"`
+}
+
+func deadLetterOf(i int, d *amqp.Delivery, prefix string) deadLetterJSON {
+	m := deadLetterJSON{
+		Index: i, MessageID: d.MessageId, RoutingKey: originalKey(d),
+		OriginalExchange: header(d, recoverer.HeaderOriginalExchange), OriginalQueue: header(d, prefix+recoverer.SuffixOriginalQueue),
+		Exception: header(d, recoverer.HeaderExceptionMessage), ErrorType: header(d, prefix+recoverer.SuffixErrorType),
+		Retries: dlx.RetryCount(d), ContentType: d.ContentType, BodyBytes: len(d.Body),
+	}
+	if n, ok := attempts(d, prefix); ok {
+		m.Attempts = &n
+	}
+	if t, ok := failedAt(d, prefix); ok {
+		m.FailedAt = &t
+	}
+	if !d.Timestamp.IsZero() {
+		t := d.Timestamp.UTC()
+		m.Timestamp = &t
+	}
+	return m
+}
+
+// attempts reads the recoverer's attempts header, a number (or its text).
+func attempts(d *amqp.Delivery, prefix string) (int64, bool) {
+	switch v := d.Headers[prefix+recoverer.SuffixAttempts].(type) {
+	case int64:
+		return v, true
+	case int32:
+		return int64(v), true
+	case int16:
+		return int64(v), true
+	case int8:
+		return int64(v), true
+	case int:
+		return int64(v), true
+	case uint8:
+		return int64(v), true
+	case uint16:
+		return int64(v), true
+	case uint32:
+		return int64(v), true
+	case string:
+		n, err := strconv.ParseInt(v, 10, 64)
+		return n, err == nil
+	}
+	return 0, false
+}
+
+// failedAt reads the recoverer's failed-at header: RFC 3339 text (or an
+// AMQP timestamp, as another tool may write it).
+func failedAt(d *amqp.Delivery, prefix string) (time.Time, bool) {
+	switch v := d.Headers[prefix+recoverer.SuffixFailedAt].(type) {
+	case time.Time:
+		return v.UTC(), !v.IsZero()
+	case string:
+		t, err := time.Parse(time.RFC3339Nano, v)
+		return t.UTC(), err == nil
+	}
+	return time.Time{}, false
+}
+
+// failedAtText is the failed-at header for a table cell: to the second, or,
+// when it is not a time, what it holds, escaped.
+func failedAtText(d *amqp.Delivery, prefix string) string {
+	if t, ok := failedAt(d, prefix); ok {
+		return timeText(t)
+	}
+	return orDash(shownHeader(d, prefix+recoverer.SuffixFailedAt))
+}
+
+func show(ctx context.Context, ch *amqp.Channel, queue string, index int, id string, prefix string, stdout io.Writer) error {
 	var d *amqp.Delivery
 	seen := 0
 	msgs, err := peek(ctx, ch, queue, 0, func(m amqp.Delivery) bool {
@@ -304,19 +465,20 @@ func show(ctx context.Context, ch *amqp.Channel, queue string, index int, id str
 	defer handBack(msgs)
 	if d == nil {
 		if id != "" {
-			return fmt.Errorf("no message with id %q on %s (%d messages)", id, queue, len(msgs))
+			return fmt.Errorf("no message with id %q on %s (%d messages; amqpretry dlq list %s shows them)", id, queue, len(msgs), queue)
 		}
-		return fmt.Errorf("no message at index %d on %s (%d messages)", index, queue, len(msgs))
+		return fmt.Errorf("no message at index %d on %s (%d messages; amqpretry dlq list %s shows them)", index, queue, len(msgs), queue)
 	}
-	writeMessage(stdout, d)
+	writeMessage(stdout, d, prefix)
 	return nil
 }
 
 // writeMessage is show's output: every property, header and the body, each
 // escaped (render.go).
-func writeMessage(w io.Writer, d *amqp.Delivery) {
-	fmt.Fprintf(w, "message id:     %s\nrouting key:    %s\nexchange:       %s\ncontent type:   %s\ntimestamp:      %v\nretries:        %d\nheaders:\n",
-		escapeLine(d.MessageId), escapeLine(d.RoutingKey), escapeLine(d.Exchange), escapeLine(d.ContentType), d.Timestamp, dlx.RetryCount(d))
+func writeMessage(w io.Writer, d *amqp.Delivery, prefix string) {
+	fmt.Fprintf(w, "message id:     %s\nrouting key:    %s\nexchange:       %s\ncontent type:   %s\ntimestamp:      %s\nfailed at:      %s\nretries:        %d\nheaders:\n",
+		escapeLine(d.MessageId), escapeLine(d.RoutingKey), escapeLine(d.Exchange), escapeLine(d.ContentType), timeText(d.Timestamp),
+		failedAtText(d, prefix), dlx.RetryCount(d))
 	for _, k := range slices.Sorted(maps.Keys(d.Headers)) {
 		writeHeader(w, k, d.Headers[k])
 	}
@@ -324,7 +486,10 @@ func writeMessage(w io.Writer, d *amqp.Delivery) {
 }
 
 func replay(ctx context.Context, urls []string, queue string, limit int, re *regexp.Regexp, to string, toOriginal bool, prefix string, stdout, stderr io.Writer) error {
-	pub, err := publisher.New(urls[0], publisher.WithURLs(urls...))
+	// The publisher's own story (connected, reconnecting) is not the
+	// operator's: only its warnings and errors show.
+	quiet := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	pub, err := publisher.New(urls[0], publisher.WithURLs(urls...), publisher.WithLogger(quiet))
 	if err != nil {
 		return err
 	}
@@ -372,6 +537,9 @@ func replay(ctx context.Context, urls []string, queue string, limit int, re *reg
 	}
 	if left >= 0 {
 		fmt.Fprintf(stdout, "; %d message(s) on it now", left)
+		if left > 0 {
+			fmt.Fprintf(stdout, " (amqpretry dlq list %s shows them)", queue)
+		}
 	}
 	fmt.Fprintln(stdout)
 	return err

@@ -3,8 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -88,9 +92,56 @@ func TestList(t *testing.T) {
 	if n := brokertest.Depth(t, topo.DLQ()); n != 3 {
 		t.Errorf("list must leave the messages in place: %d left", n)
 	}
+	// FAILED AT to the second, in RFC 3339: no nanoseconds.
+	if stamps := rfc3339Seconds.FindAllString(out, -1); len(stamps) != 3 || strings.Contains(out, stamps[0][:19]+".") {
+		t.Errorf("list should show each failure time as RFC 3339 to the second:\n%s", out)
+	}
 	_, out, _ = amqpretry(t, "dlq", "list", topo.DLQ(), "--limit", "1")
 	if !strings.Contains(out, "1 message(s) shown") {
 		t.Errorf("--limit 1:\n%s", out)
+	}
+}
+
+// rfc3339Seconds matches a time as the CLI shows it.
+var rfc3339Seconds = regexp.MustCompile(`\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\b`)
+
+// dlq list --json: one object per message, with the documented fields,
+// the exception whole; the messages stay.
+func TestListJSON(t *testing.T) {
+	topo := withDeadLetters(t, 3)
+	code, out, errOut := amqpretry(t, "dlq", "list", topo.DLQ(), "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var msgs []map[string]any
+	if err := json.Unmarshal([]byte(out), &msgs); err != nil {
+		t.Fatalf("not a JSON array: %v\n%s", err, out)
+	}
+	if len(msgs) != 3 {
+		t.Fatalf("%d messages, want 3:\n%s", len(msgs), out)
+	}
+	want := []string{"index", "message_id", "routing_key", "original_exchange", "original_queue", "exception", "error_type",
+		"attempts", "retries", "failed_at", "timestamp", "content_type", "body_bytes"}
+	if keys := slices.Sorted(maps.Keys(msgs[0])); !slices.Equal(keys, slices.Sorted(slices.Values(want))) {
+		t.Errorf("fields %v, want %v", keys, want)
+	}
+	m := msgs[1]
+	if m["index"] != 1.0 || m["message_id"] != "order-1" || m["routing_key"] != topo.Queue || m["original_queue"] != topo.Queue ||
+		m["exception"] != "tax service\ntimed out" || m["attempts"] == nil || m["retries"] != 0.0 || m["timestamp"] != nil ||
+		m["body_bytes"] != float64(len(`{"order":1}`)) {
+		t.Errorf("message 1: %v", m)
+	}
+	if at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(m["failed_at"])); err != nil || time.Since(at) > time.Hour {
+		t.Errorf("failed_at %v: %v", m["failed_at"], err)
+	}
+	if n := brokertest.Depth(t, topo.DLQ()); n != 3 {
+		t.Errorf("list --json must leave the messages in place: %d left", n)
+	}
+	// An empty queue is an empty array, not null.
+	empty := brokertest.Name(t, "empty")
+	brokertest.Queue(t, empty, nil)
+	if code, out, _ := amqpretry(t, "dlq", "list", empty, "--json"); code != 0 || strings.TrimSpace(out) != "[]" {
+		t.Errorf("an empty queue: exit %d, %q", code, out)
 	}
 }
 
@@ -99,6 +150,10 @@ func TestShow(t *testing.T) {
 	code, out, errOut := amqpretry(t, "dlq", "show", "--id", "order-1", topo.DLQ())
 	if code != 0 || !strings.Contains(out, `{"order":1}`) || !strings.Contains(out, "x-exception-message: tax service") {
 		t.Fatalf("exit %d (%s):\n%s", code, errOut, out)
+	}
+	// Readable times: an unset timestamp is "-", not year 1.
+	if !strings.Contains(out, "timestamp:      -\n") || !regexp.MustCompile(`failed at:      \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\n`).MatchString(out) {
+		t.Errorf("show's times:\n%s", out)
 	}
 	if code, _, errOut := amqpretry(t, "dlq", "show", topo.DLQ(), "--index", "7"); code != 1 || !strings.Contains(errOut, "no message at index 7") {
 		t.Errorf("missing index: exit %d, %s", code, errOut)
@@ -127,17 +182,17 @@ func TestReplay(t *testing.T) {
 	}
 	// A queue that is not there: an error, and no word of a replay.
 	code, out, errOut = amqpretry(t, "dlq", "replay", topo.DLQ()+".nosuch")
-	if code != 1 || strings.Contains(out, "replayed") || !strings.Contains(errOut, "NOT_FOUND") {
+	if code != 1 || out != "" || !strings.Contains(errOut, "NOT_FOUND") {
 		t.Errorf("replay of a missing queue: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
 
-// --limit below 0 is refused by every dlq command alike (it used to mean
-// "everything" to replay and "100" to list).
+// --limit below 0 is refused by every dlq command alike, naming the flag (it
+// used to mean "everything" to replay and "100" to list).
 func TestNegativeLimitIsRefused(t *testing.T) {
 	for _, cmd := range []string{"list", "replay"} {
-		code, _, errOut := amqpretry(t, "dlq", cmd, "q", "--limit", "-1")
-		if code != 2 || !strings.Contains(errOut, "--limit expects 1 or more") {
+		code, out, errOut := amqpretry(t, "dlq", cmd, "q", "--limit", "-1")
+		if code != 2 || out != "" || !strings.Contains(errOut, "--limit expects 1 or more") || !strings.Contains(errOut, "got -1") {
 			t.Errorf("dlq %s --limit -1: exit %d, %s", cmd, code, errOut)
 		}
 	}
@@ -156,25 +211,11 @@ func TestPurge(t *testing.T) {
 	}
 }
 
-func TestUsageAndFailures(t *testing.T) {
+func TestFailures(t *testing.T) {
 	brokertest.Dial(t)
-	tests := []struct {
-		args []string
-		code int
-		want string
-	}{
-		{[]string{}, 2, "expected \"dlq list|show|replay|purge QUEUE\""},
-		{[]string{"dlq", "list"}, 2, "expected one QUEUE"},
-		{[]string{"dlq", "frob", "q"}, 2, "unknown command \"frob\""},
-		{[]string{"dlq", "replay", "q", "--match", "("}, 2, "--match"},
-		{[]string{"dlq", "replay", "q", "--to", "a", "--to-original-exchange"}, 2, "not both"},
-		{[]string{"dlq", "list", brokertest.Name(t, "missing")}, 1, "NOT_FOUND"},
-	}
-	for _, tt := range tests {
-		code, _, errOut := amqpretry(t, tt.args...)
-		if code != tt.code || !strings.Contains(errOut, tt.want) {
-			t.Errorf("amqpretry %v: exit %d, %q; want %d and %q", tt.args, code, errOut, tt.code, tt.want)
-		}
+	code, out, errOut := amqpretry(t, "dlq", "list", brokertest.Name(t, "missing"))
+	if code != 1 || out != "" || !strings.Contains(errOut, "NOT_FOUND") {
+		t.Errorf("a missing queue: exit %d, %q", code, errOut)
 	}
 	var stderr bytes.Buffer
 	if code := run(context.Background(), []string{"dlq", "list", "q", "--url", "amqp://u:hunter2@127.0.0.1:1/"}, &bytes.Buffer{}, &stderr); code != 1 ||

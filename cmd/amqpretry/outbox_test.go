@@ -6,14 +6,19 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -181,7 +186,7 @@ func TestOutboxListAndRetry(t *testing.T) {
 		t.Errorf("retry of a row in flight: exit %d, %q; want 1 and the row's state", code, errOut)
 	}
 	code, _, errOut = cli("outbox", "retry", "999999", "--table", table)
-	if code != 1 || !strings.Contains(errOut, "no row with id 999999") {
+	if code != 1 || !strings.Contains(errOut, "no row with id 999999 in "+table+" (amqpretry outbox list shows the rows)") || strings.Contains(errOut, "List") {
 		t.Errorf("retry of a missing row: exit %d, %q", code, errOut)
 	}
 
@@ -221,25 +226,28 @@ func TestOutboxListEscapesWhatRowsHold(t *testing.T) {
 
 func TestOutboxSchema(t *testing.T) {
 	// schema only prints: it needs no database, and an unreachable one is fine.
-	code, out, errOut := cli("outbox", "schema", "--dsn", "postgres://app:hunter2@127.0.0.1:1/x", "--table", "app.outbox", "--inbox-table", "app.processed")
-	if code != 0 {
-		t.Fatalf("schema: exit %d: %s", code, errOut)
-	}
-	for _, want := range []string{`CREATE TABLE IF NOT EXISTS "app"."outbox"`, `CREATE TABLE IF NOT EXISTS "app"."processed"`, "status", "retried_count", "next_retry_at", "PRIMARY KEY (consumer, message_id)"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("schema lacks %q:\n%s", want, out)
+	t.Run("no database", func(t *testing.T) {
+		t.Setenv("DATABASE_URL", "postgres://app:hunter2@127.0.0.1:1/x")
+		code, out, errOut := cli("outbox", "schema", "--table", "app.outbox", "--inbox-table", "app.processed")
+		if code != 0 {
+			t.Fatalf("schema: exit %d: %s", code, errOut)
 		}
-	}
-	if strings.Contains(out, "hunter2") {
-		t.Errorf("schema printed the password:\n%s", out)
-	}
+		for _, want := range []string{`CREATE TABLE IF NOT EXISTS "app"."outbox"`, `CREATE TABLE IF NOT EXISTS "app"."processed"`, "status", "retried_count", "next_retry_at", "PRIMARY KEY (consumer, message_id)"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("schema lacks %q:\n%s", want, out)
+			}
+		}
+		if strings.Contains(out, "hunter2") {
+			t.Errorf("schema printed the password:\n%s", out)
+		}
+	})
 
 	// What it prints is what Migrate runs, and a DBA can apply it as it is:
 	// applied to an empty schema, it makes tables the outbox and the inbox
 	// use at once.
 	db := testDB(t)
 	s := testSchema(t, db)
-	code, out, errOut = cli("outbox", "schema", "--table", s+".outbox", "--inbox-table", s+".inbox")
+	code, out, errOut := cli("outbox", "schema", "--table", s+".outbox", "--inbox-table", s+".inbox")
 	if code != 0 {
 		t.Fatalf("schema: exit %d: %s", code, errOut)
 	}
@@ -340,23 +348,105 @@ func TestOutboxUsage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"outbox"}, `expected "outbox list|retry|schema"`},
-		{[]string{"outbox", "frob"}, `unknown command "outbox frob"`},
-		{[]string{"outbox", "retry"}, "expects one row ID"},
+		{[]string{"outbox", "retry"}, "retry expects one row ID (amqpretry outbox list shows them), got 0 arguments, or --all-failed"},
 		{[]string{"outbox", "retry", "abc"}, `"abc" is not a row ID`},
 		{[]string{"outbox", "retry", "0"}, `"0" is not a row ID`},
 		{[]string{"outbox", "retry", "1", "2"}, "expects one row ID"},
 		{[]string{"outbox", "retry", "1", "--all-failed"}, "not both"},
 		{[]string{"outbox", "list", "extra"}, "list takes no arguments"},
-		{[]string{"outbox", "list", "--limit", "0"}, "--limit expects at least 1"},
+		{[]string{"outbox", "list", "--limit", "0"}, "--limit expects 1 or more, got 0"},
+		{[]string{"outbox", "list", "--limit", "-1"}, "--limit expects 1 or more, got -1"},
 		{[]string{"outbox", "list", "--nope"}, "flag provided but not defined: -nope"},
+		{[]string{"outbox", "counts", "x"}, "counts takes no arguments"},
+		{[]string{"outbox", "show", "x"}, `"x" is not a row ID`},
 		{[]string{"outbox", "schema", "--table", "Outbox"}, "--table"},
 		{[]string{"outbox", "schema", "--inbox-table", "a.b.c"}, "--inbox-table"},
 	} {
 		code, _, errOut := cli(tc.args...)
-		if code != 2 || !strings.Contains(errOut, tc.want) || !strings.Contains(errOut, "amqpretry outbox schema") {
-			t.Errorf("amqpretry %q: exit %d, %q; want 2, %q and the usage", tc.args, code, errOut, tc.want)
+		if code != 2 || !strings.Contains(errOut, tc.want) || !strings.Contains(errOut, "usage: amqpretry outbox "+tc.args[1]) {
+			t.Errorf("amqpretry %q: exit %d, %q; want 2, %q and its usage", tc.args, code, errOut, tc.want)
 		}
+	}
+	for _, args := range [][]string{{"outbox"}, {"outbox", "frob"}} {
+		code, _, errOut := cli(args...)
+		if code != 2 || !strings.Contains(errOut, "outbox schema") || strings.Contains(errOut, "dlq list") {
+			t.Errorf("amqpretry %q: exit %d, %q; want 2 and the outbox commands", args, code, errOut)
+		}
+	}
+}
+
+// outbox list caps LAST ERROR and says how to see it whole; outbox show
+// prints a row with the whole text; --json on list and show gives the
+// documented fields; outbox counts counts; times are RFC 3339 to the second.
+func TestOutboxShowCountsAndJSON(t *testing.T) {
+	db, _, table, ids := outboxWithRows(t, 3)
+	long := "Exception (404) Reason: \"NOT_FOUND - no exchange 'orders' in vhost '/'\" " + strings.Repeat("and more ", 30) + "THE END\nsecond line"
+	fail(t, db, table, long, ids[1])
+	dsn := testDSN()
+
+	code, out, errOut := cli("outbox", "list", "--dsn", dsn, "--table", table)
+	if code != 0 {
+		t.Fatalf("list: exit %d: %s", code, errOut)
+	}
+	if strings.Contains(out, "THE END") || !strings.Contains(out, "NOT_FOUND - no exchange") || !strings.Contains(out, "a row's whole last error: amqpretry outbox show ID") {
+		t.Errorf("list should cap the last error and say how to see it whole:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if utf8.RuneCountInString(line) > 300 {
+			t.Errorf("a line of %d characters:\n%s", utf8.RuneCountInString(line), line)
+		}
+	}
+	if stamps := rfc3339Seconds.FindAllString(out, -1); len(stamps) != 2*3-1 { // created, and next try but for the failed row
+		t.Errorf("list shows %d times as RFC 3339 to the second, want 5:\n%s", len(stamps), out)
+	}
+
+	code, out, errOut = cli("outbox", "show", fmt.Sprint(ids[1]), "--dsn", dsn, "--table", table)
+	if code != 0 {
+		t.Fatalf("show: exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{fmt.Sprintf("id:             %d\n", ids[1]), "status:         failed\n", "tries:          10\n", "sent:           -\n",
+		"message id:     order-1\n", "THE END\n    second line\n", "amqpretry outbox retry " + fmt.Sprint(ids[1])} {
+		if !strings.Contains(out, want) {
+			t.Errorf("show lacks %q:\n%s", want, out)
+		}
+	}
+	if !rfc3339Seconds.MatchString(out) {
+		t.Errorf("show's times:\n%s", out)
+	}
+
+	code, out, errOut = cli("outbox", "show", fmt.Sprint(ids[1]), "--json", "--dsn", dsn, "--table", table)
+	var row map[string]any
+	if err := json.Unmarshal([]byte(out), &row); code != 0 || err != nil {
+		t.Fatalf("show --json: exit %d (%s), %v:\n%s", code, errOut, err, out)
+	}
+	want := []string{"id", "status", "tries", "created_at", "next_retry_at", "sent_at", "exchange", "routing_key", "message_id", "body_bytes", "last_error"}
+	if keys := slices.Sorted(maps.Keys(row)); !slices.Equal(keys, slices.Sorted(slices.Values(want))) {
+		t.Errorf("show --json fields %v, want %v", keys, want)
+	}
+	if row["id"] != float64(ids[1]) || row["status"] != "failed" || row["tries"] != 10.0 || row["last_error"] != long || row["sent_at"] != nil || row["message_id"] != "order-1" {
+		t.Errorf("show --json: %v", row)
+	}
+
+	code, out, errOut = cli("outbox", "list", "--json", "--failed", "--dsn", dsn, "--table", table)
+	var rows []map[string]any
+	if err := json.Unmarshal([]byte(out), &rows); code != 0 || err != nil || len(rows) != 1 || rows[0]["id"] != float64(ids[1]) || rows[0]["last_error"] != long {
+		t.Fatalf("list --json --failed: exit %d (%s), %v:\n%s", code, errOut, err, out)
+	}
+
+	code, out, errOut = cli("outbox", "counts", "--dsn", dsn, "--table", table)
+	if code != 0 || !regexp.MustCompile(`in_flight +2\n`).MatchString(out) || !regexp.MustCompile(`sent +0\n`).MatchString(out) ||
+		!regexp.MustCompile(`failed +1\n`).MatchString(out) || !strings.Contains(out, "amqpretry outbox list --failed") {
+		t.Errorf("counts: exit %d (%s):\n%s", code, errOut, out)
+	}
+	code, out, errOut = cli("outbox", "counts", "--json", "--dsn", dsn, "--table", table)
+	var counts map[string]int
+	if err := json.Unmarshal([]byte(out), &counts); code != 0 || err != nil || counts["in_flight"] != 2 || counts["sent"] != 0 || counts["failed"] != 1 || len(counts) != 3 {
+		t.Errorf("counts --json: exit %d (%s), %v:\n%s", code, errOut, err, out)
+	}
+
+	code, out, errOut = cli("outbox", "show", "999999", "--dsn", dsn, "--table", table)
+	if code != 1 || out != "" || !strings.Contains(errOut, "no row with id 999999 in "+table) || !strings.Contains(errOut, "amqpretry outbox list shows the rows") {
+		t.Errorf("show of a missing row: exit %d, %q", code, errOut)
 	}
 }
 
@@ -407,8 +497,12 @@ func TestOutboxCompensationWithTheRelay(t *testing.T) {
 
 	brokertest.Eventually(t, 10*time.Second, "the row failed by the relay", func() bool { return status(t, db, table, id) == "failed" })
 	code, out, errOut := cli("outbox", "list", "--failed", "--dsn", testDSN(), "--table", table)
-	if code != 0 || !strings.Contains(out, "order-7") || !strings.Contains(out, "does not exist") || !strings.Contains(out, "1 failed row(s)") {
-		t.Fatalf("list --failed: exit %d (%s), want the row and the broker's reason:\n%s", code, errOut, out)
+	if code != 0 || !strings.Contains(out, "order-7") || !strings.Contains(out, "1 failed row(s)") {
+		t.Fatalf("list --failed: exit %d (%s), want the row:\n%s", code, errOut, out)
+	}
+	code, out, errOut = cli("outbox", "show", fmt.Sprint(id), "--dsn", testDSN(), "--table", table)
+	if code != 0 || !strings.Contains(out, "does not exist") {
+		t.Fatalf("show %d: exit %d (%s), want the broker's reason:\n%s", id, code, errOut, out)
 	}
 
 	brokertest.Exchange(t, exchange, "direct")

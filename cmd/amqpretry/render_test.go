@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -165,7 +166,7 @@ func TestWriteMessageIndentsMultiLineHeaders(t *testing.T) {
 	writeMessage(&b, &amqp.Delivery{MessageId: "m", Headers: amqp.Table{
 		"x-exception-stacktrace": "panic: boom\n\ngoroutine 1 [running]:\n\tmain.go:7\r",
 		"x-exception-message":    "ok\n  x-original-exchange: forged",
-	}})
+	}}, "x-amqpretry-")
 	for _, want := range []string{
 		"  x-exception-message: ok\n      x-original-exchange: forged\n",
 		"  x-exception-stacktrace: panic: boom\n    \n    goroutine 1 [running]:\n    \\tmain.go:7\\r\n",
@@ -206,11 +207,22 @@ func FuzzEscape(f *testing.F) {
 		var out strings.Builder
 		writeMessage(&out, &amqp.Delivery{
 			MessageId: s, RoutingKey: s, Exchange: s, ContentType: s,
-			Headers: amqp.Table{s: s, "nested": amqp.Table{s: []any{s, body, int64(len(s))}}},
+			Headers: amqp.Table{s: s, "nested": amqp.Table{s: []any{s, body, int64(len(s))}}, "x-amqpretry-failed-at": s},
 			Body:    body,
-		})
+		}, "x-amqpretry-")
 		if i, what := terminalUnsafe(out.String(), true); i >= 0 {
 			t.Fatalf("writeMessage: %s at byte %d of %q", what, i, out.String())
+		}
+		var js bytes.Buffer
+		if err := writeJSON(&js, deadLetterJSON{MessageID: s, Exception: s}); err != nil {
+			t.Fatal(err)
+		}
+		if i, what := terminalUnsafe(js.String(), true); i >= 0 {
+			t.Fatalf("writeJSON: %s at byte %d of %q", what, i, js.String())
+		}
+		var back deadLetterJSON
+		if err := json.Unmarshal(js.Bytes(), &back); err != nil || (utf8.ValidString(s) && back.MessageID != s) {
+			t.Fatalf("writeJSON of %q gave %s, which decodes to %q (%v)", s, js.String(), back.MessageID, err)
 		}
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -38,7 +39,7 @@ func main() {
 		}
 		delays = append(delays, d)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Stdout, exampleutil.URL(), delays); err != nil {
 		log.Fatal(err)
@@ -47,10 +48,11 @@ func main() {
 
 func run(ctx context.Context, out io.Writer, url string, delays []time.Duration) error {
 	tl := exampleutil.NewTimeline(out)
-	topo := dlx.Topology{Queue: "amqpretry.brokerretry", RetryDelays: delays}
-	if err := reset(url, topo); err != nil {
+	topo := dlx.Topology{Queue: exampleutil.Name("amqpretry.brokerretry"), RetryDelays: delays}
+	if err := declare(url, topo); err != nil {
 		return err
 	}
+	defer func() { _ = exampleutil.DeleteTopology(url, topo) }()
 	tl.Say("declared %s, its tiers %s and %s", topo.Queue, strings.Join(tierQueues(topo), ", "), topo.DLQ())
 	pub, err := publisher.New(url)
 	if err != nil {
@@ -109,16 +111,13 @@ func tierQueues(t dlx.Topology) []string {
 	return names
 }
 
-// reset deletes what an earlier run left (the example owns these names) and
-// declares the topology.
-func reset(url string, t dlx.Topology) error {
+// declare declares the topology now, so that the first publish finds the
+// queue.
+func declare(url string, t dlx.Topology) error {
 	conn, ch, err := exampleutil.Connect(url)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if err := exampleutil.DeleteQueues(ch, append([]string{t.Queue, t.DLQ()}, tierQueues(t)...)...); err != nil {
-		return err
-	}
-	return t.Declare(ch) // now, so the first publish finds the queue
+	return t.Declare(ch)
 }

@@ -12,8 +12,10 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"os/signal"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -25,15 +27,11 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/amqpretry/amqpretry/examples/internal/exampleutil"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
-)
-
-const (
-	queue = "amqpretry.otel"
-	dlq   = "amqpretry.otel.dlq"
 )
 
 func main() {
@@ -41,7 +39,9 @@ func main() {
 	if url == "" {
 		url = "amqp://guest:guest@127.0.0.1:5672/"
 	}
-	if err := run(context.Background(), os.Stdout, url); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Stdout, url); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -62,9 +62,20 @@ func run(ctx context.Context, out io.Writer, url string) error {
 	defer tp.Shutdown(context.Background())
 	defer mp.Shutdown(context.Background())
 
-	if err := declare(url); err != nil {
+	// The queues are this run's own, deleted when it ends.
+	queue := exampleutil.Name("amqpretry.otel")
+	dlq := queue + ".dlq"
+	conn, ch, err := exampleutil.Connect(url)
+	if err != nil {
 		return err
 	}
+	defer conn.Close()
+	for _, q := range []string{queue, dlq} {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			return err
+		}
+	}
+	defer func() { _ = exampleutil.DeleteQueues(ch, queue, dlq) }()
 	pub, err := publisher.New(url)
 	if err != nil {
 		return err
@@ -140,25 +151,4 @@ func labels(set attribute.Set) string {
 		parts = append(parts, string(kv.Key)+"="+kv.Value.Emit())
 	}
 	return strings.Join(parts, ", ")
-}
-
-func declare(url string) error {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return fmt.Errorf("connect (is the broker up? run scripts/broker.sh): %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	for _, q := range []string{queue, dlq} {
-		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-			return err
-		}
-		if _, err := ch.QueuePurge(q, false); err != nil {
-			return err
-		}
-	}
-	return nil
 }

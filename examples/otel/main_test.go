@@ -22,7 +22,7 @@ func TestOtelExample(t *testing.T) {
 		t.Fatalf("%v\n%s", err, &out)
 	}
 	for _, want := range []string{
-		`"Name": "process amqpretry.otel"`, `"Name": "attempt"`, `"Name": "send amq.default"`,
+		`"Name": "process amqpretry.otel.`, `"Name": "attempt"`, `"Name": "send amq.default"`,
 		`"Name": "retry scheduled"`, "amqpretry.attempts", "messaging.process.duration",
 	} {
 		if !strings.Contains(out.String(), want) {

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -34,7 +35,7 @@ func main() {
 	outage := flag.Duration("outage", 10*time.Second, "how long the database is down")
 	n := flag.Int("messages", 1000, "messages in the queue")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Stdout, exampleutil.URL(), *n, *outage); err != nil {
 		log.Fatal(err)
@@ -77,16 +78,13 @@ func run(ctx context.Context, out io.Writer, url string, messages int, outage ti
 
 func once(ctx context.Context, out io.Writer, url string, messages int, outage time.Duration, withSwitch bool) (result, error) {
 	name := map[bool]string{false: "without", true: "with kill switch"}[withSwitch]
-	q, dlq := queue+"."+map[bool]string{false: "without", true: "with"}[withSwitch], queue+".dlq"
+	q, dlq := exampleutil.Name(queue)+"."+map[bool]string{false: "without", true: "with"}[withSwitch], exampleutil.Name(queue)+".dlq"
 	tl := exampleutil.NewTimeline(out)
 	conn, ch, err := exampleutil.Connect(url)
 	if err != nil {
 		return result{}, err
 	}
 	defer conn.Close()
-	if err := exampleutil.DeleteQueues(ch, q, dlq); err != nil {
-		return result{}, err
-	}
 	defer func() { _ = exampleutil.DeleteQueues(ch, q, dlq) }()
 	for _, name := range []string{q, dlq} {
 		if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {

@@ -29,6 +29,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -46,18 +47,20 @@ import (
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
-// The example's own names: a schema holding its tables, an exchange, and a
-// work queue with its dead-letter exchange and queue.
-const (
-	schema     = "amqpretry_example_outbox"
-	exchange   = "amqpretry.example.outbox.orders"
-	routingKey = "order.created"
+// The example's own names, with a suffix of the run's own
+// (exampleutil.Name): a schema holding its tables, an exchange, and a work
+// queue with its dead-letter exchange and queue. It drops and deletes them
+// when it ends, and nothing else.
+var (
+	schema   = strings.ReplaceAll(exampleutil.Name("amqpretry_example_outbox"), ".", "_")
+	exchange = exampleutil.Name("amqpretry.example.outbox.orders")
+	topology = dlx.Topology{Queue: exampleutil.Name("amqpretry.example.outbox.shipping")}
 )
 
-var topology = dlx.Topology{Queue: "amqpretry.example.outbox.shipping"}
+const routingKey = "order.created"
 
-// relayEnv, set in the environment of a process of this program, makes it
-// the relay instead of the shop.
+// relayEnv, set in the environment of a process of this program to the
+// shop's schema, makes it the relay of that schema's outbox instead of a shop.
 const relayEnv = "AMQPRETRY_EXAMPLE_OUTBOX_RELAY"
 
 // declinedEvery: every tenth payment is declined, its transaction rolled back.
@@ -69,7 +72,7 @@ func main() {
 	if os.Getenv(relayEnv) != "" {
 		os.Exit(relayMain())
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Stdout, exampleutil.URL(), dsn(), *orders); err != nil {
 		log.Fatal(outbox.Redact(err.Error()))
@@ -277,11 +280,9 @@ func outboxCounts(ctx context.Context, db *sql.DB) counts {
 	return c
 }
 
-// setUp creates the example's tables and topology afresh: the example owns
-// these names, and an earlier run may have left them behind.
+// setUp creates the example's tables and topology, under this run's names.
 func setUp(ctx context.Context, db *sql.DB, ob *outbox.Outbox, ib *inbox.Inbox, url string) error {
 	for _, stmt := range []string{
-		`DROP SCHEMA IF EXISTS ` + schema + ` CASCADE`,
 		`CREATE SCHEMA ` + schema,
 		`CREATE TABLE ` + schema + `.orders (id bigint PRIMARY KEY, amount_cents integer NOT NULL)`,
 		`CREATE TABLE ` + schema + `.shipments (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_id bigint NOT NULL)`,
@@ -301,9 +302,6 @@ func setUp(ctx context.Context, db *sql.DB, ob *outbox.Outbox, ib *inbox.Inbox, 
 		return err
 	}
 	defer conn.Close()
-	if err := exampleutil.DeleteQueues(ch, topology.Queue, topology.DLQ()); err != nil {
-		return err
-	}
 	if err := topology.Declare(ch); err != nil {
 		return err
 	}
@@ -340,7 +338,7 @@ func startRelay(ctx context.Context, say func(string, ...any), url, dsn string) 
 		return nil, err
 	}
 	cmd := exec.Command(self)
-	cmd.Env = append(os.Environ(), relayEnv+"=1", "AMQP_URL="+url, "DATABASE_URL="+dsn)
+	cmd.Env = append(os.Environ(), relayEnv+"="+schema, "AMQP_URL="+url, "DATABASE_URL="+dsn)
 	pipe, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -423,7 +421,8 @@ func relayMain() int {
 		return 1
 	}
 	defer pub.Close()
-	ob, err := outbox.New(db, outbox.WithTable(schema+".outbox"), outbox.WithLogger(logger))
+	// The schema is the shop's, which named it in relayEnv.
+	ob, err := outbox.New(db, outbox.WithTable(os.Getenv(relayEnv)+".outbox"), outbox.WithLogger(logger))
 	if err != nil {
 		fmt.Println(err)
 		return 1

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -27,7 +28,7 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Stdout, exampleutil.URL()); err != nil {
 		log.Fatal(err)
@@ -38,18 +39,16 @@ const orders = 5
 
 func run(ctx context.Context, out io.Writer, url string) error {
 	tl := exampleutil.NewTimeline(out)
-	topo := dlx.Topology{Queue: "amqpretry.replay"}
+	topo := dlx.Topology{Queue: exampleutil.Name("amqpretry.replay")}
 	conn, ch, err := exampleutil.Connect(url)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if err := exampleutil.DeleteQueues(ch, topo.Queue, topo.DLQ()); err != nil {
-		return err
-	}
 	if err := topo.Declare(ch); err != nil {
 		return err
 	}
+	defer func() { _ = exampleutil.DeleteTopology(url, topo) }()
 	pub, err := publisher.New(url)
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -23,12 +24,10 @@ import (
 	"github.com/amqpretry/amqpretry/publisher"
 )
 
-const queue = "amqpretry.scaling"
-
 func main() {
 	n := flag.Int("messages", 3000, "backlog size")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Stdout, exampleutil.URL(), *n, 20*time.Millisecond); err != nil {
 		log.Fatal(err)
@@ -37,17 +36,16 @@ func main() {
 
 func run(ctx context.Context, out io.Writer, url string, messages int, work time.Duration) error {
 	tl := exampleutil.NewTimeline(out)
+	queue := exampleutil.Name("amqpretry.scaling")
 	conn, ch, err := exampleutil.Connect(url)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if err := exampleutil.DeleteQueues(ch, queue); err != nil {
-		return err
-	}
 	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
 		return err
 	}
+	defer func() { _ = exampleutil.DeleteQueues(ch, queue) }()
 	pub, err := publisher.New(url)
 	if err != nil {
 		return err

@@ -5,6 +5,9 @@ package exampleutil
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +17,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/listener"
 )
 
@@ -40,8 +44,20 @@ func Connect(url string) (*amqp.Connection, *amqp.Channel, error) {
 	return conn, ch, nil
 }
 
-// DeleteQueues deletes what an earlier run of an example (or an older version
-// of it) left behind: the examples own their queue names.
+// runID tells this run's queues from any other's.
+var runID = func() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}()
+
+// Name is base with a suffix of this run's own. An example names what it
+// declares with it and deletes, when it ends, only that: it never purges or
+// deletes a queue an earlier run, another example's test or anyone else on
+// the broker declared.
+func Name(base string) string { return base + "." + runID }
+
+// DeleteQueues deletes queues this run declared (named with Name).
 func DeleteQueues(ch *amqp.Channel, names ...string) error {
 	for _, q := range names {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
@@ -49,6 +65,34 @@ func DeleteQueues(ch *amqp.Channel, names ...string) error {
 		}
 	}
 	return nil
+}
+
+// DeleteTopology deletes, on a connection of its own, what t.Declare
+// declared in this run (t.Queue named with Name): the work, retry and
+// dead-letter queues and the exchanges.
+func DeleteTopology(url string, t dlx.Topology) error {
+	conn, ch, err := Connect(url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	queues := []string{t.DLQ()}
+	if !t.SkipWorkQueue {
+		queues = append(queues, t.Queue)
+	}
+	for _, d := range t.RetryDelays {
+		queues = append(queues, t.RetryQueue(d))
+	}
+	if t.SingleRetryDelay > 0 {
+		queues = append(queues, t.SingleRetryQueue())
+	}
+	err = DeleteQueues(ch, queues...)
+	for _, x := range []string{t.DLX(), t.Exchange} {
+		if x != "" {
+			err = errors.Join(err, ch.ExchangeDelete(x, false, false))
+		}
+	}
+	return err
 }
 
 // Timeline prints lines stamped with the time since it was made.
