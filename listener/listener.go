@@ -115,6 +115,8 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 		cfg.fail("WithMaxConcurrentConsumers expects at most %d (each consumer is a channel; RabbitMQ allows 2047 per connection), got %d", MaxConsumers, cfg.max)
 	}
 	cfg.checkConnection()
+	cfg.checkConsumer()
+	cfg.consumeArgs = cfg.consumer.arguments(cfg.consumerTimeoutArg.Milliseconds())
 	if mw == nil {
 		mw = middleware.Chain()
 	}
@@ -247,6 +249,7 @@ type supervisor struct {
 	interruptOnce  sync.Once
 	consumers      sync.WaitGroup // every consumer goroutine, old connections' included
 	consumed       bool           // the current connection has started a consumer (loop's and serve's goroutine only)
+	lostAt         time.Time      // when a connection that had started consumers was lost (serve's goroutine only)
 	closers        sync.WaitGroup // channel and connection closes still waiting for the broker (closeBounded)
 }
 

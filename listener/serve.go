@@ -77,6 +77,9 @@ func (sv *supervisor) serveOn(ctx context.Context, conn *amqpconn.Conn) (err err
 			sv.shutdown() // the connection stays open until in-flight deliveries are settled
 			return nil
 		case err := <-connClosed:
+			if sv.consumed {
+				sv.lostAt = time.Now() // an exclusive consumer of it may linger (WithExclusive)
+			}
 			conn.Abandon()
 			if err == nil {
 				return errors.New("connection closed")
@@ -206,7 +209,8 @@ func (s *session) fillToMin() error {
 			}
 			var aerr *amqp.Error
 			missing := errors.As(err, &aerr) && aerr.Code == amqp.NotFound
-			if refused := l.consumeRefused(aerr); refused != nil {
+			ours, why := s.exclusiveMayBeOurs(aerr, time.Now())
+			if refused := l.consumeRefused(aerr); refused != nil && !ours {
 				return &fatalError{refused}
 			}
 			if missing && l.cfg.missingFatal {
@@ -226,6 +230,9 @@ func (s *session) fillToMin() error {
 			s.restartAt = time.Now().Add(delay)
 			if missing {
 				l.cfg.logger.Warn("listener: the queue does not exist; retrying (declare it, or pass WithDeclare)", "queue", l.queue, "retry_in", delay)
+			} else if ours {
+				l.cfg.logger.Info("listener: the queue is held by an exclusive consumer, perhaps this listener's own; retrying",
+					"queue", l.queue, "why", why, "retry_in", delay)
 			} else {
 				l.cfg.logger.Warn("listener: cannot start a consumer; retrying", "queue", l.queue, "error", err, "retry_in", delay)
 			}
@@ -255,8 +262,14 @@ func (l *Listener) consumeRefused(aerr *amqp.Error) error {
 		e.Fix = fmt.Sprintf("WithConsumerTimeoutArgument(%v) sends x-consumer-timeout, which this queue's type does not take "+
 			"(RabbitMQ 4.3 applies consumer timeouts to quorum queues only, and refuses the argument on classic queues): "+
 			"drop the option, or consume from a quorum queue", l.cfg.consumerTimeoutArg)
+	case aerr.Code == amqp.AccessRefused && strings.Contains(aerr.Reason, "exclusive") && l.cfg.consumer.exclusive:
+		e.Fix = "WithExclusive asks to be the queue's only consumer, and the queue has another one, exclusive or not " +
+			"(rabbitmqctl list_consumers shows it, with its tag and channel): stop it, or drop WithExclusive"
 	case aerr.Code == amqp.AccessRefused && strings.Contains(aerr.Reason, "exclusive"):
-		e.Fix = "another consumer holds the queue exclusively; stop it, or do not ask for exclusive consumption"
+		e.Fix = "another consumer holds the queue exclusively (an exclusive basic.consume: a listener with WithExclusive, " +
+			"a Spring container with exclusive set, MassTransit's ExclusiveConsumer; rabbitmqctl list_consumers shows it, with its tag and channel), " +
+			"and while it consumes the broker refuses every other consumer: stop it, or consume another queue. " +
+			"For consumers that stand by and take over from each other, use a single-active-consumer queue instead (dlx.Topology.SingleActiveConsumer)"
 	case aerr.Code == amqp.AccessRefused:
 		e.Fix = "the user may not read from the queue: grant it read permission (rabbitmqctl set_permissions)"
 	case aerr.Code == amqp.ResourceLocked:
