@@ -44,6 +44,13 @@ type Listener struct {
 	// uncountedToldOnce: the log has said that the queue does not, so that
 	// WithRedeliveryLimit cannot act.
 	uncountedToldOnce atomic.Bool
+	// singleActive: whether the queue delivers to one consumer at a time
+	// (singleactive.go); singleActiveTold: the log has said so.
+	singleActive     atomic.Int32
+	singleActiveTold atomic.Bool
+	// parallel: two of its consumers have had messages at once, which a
+	// single-active queue never allows (seeParallel).
+	parallel atomic.Bool
 
 	mu        sync.Mutex
 	consumers map[*consumer]struct{} // active, for Stats

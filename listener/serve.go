@@ -140,6 +140,9 @@ func (sv *supervisor) declare(conn *amqp.Connection) error {
 		}
 		return fmt.Errorf("listener: declaring for queue %q: %w", sv.l.queue, err)
 	}
+	if amqpconn.DeclaredSingleActive(ch, sv.l.queue) {
+		sv.l.declaredSingleActive()
+	}
 	return nil
 }
 
@@ -181,6 +184,8 @@ type session struct {
 	// tripped: the kill switch stopped consuming; probing: one consumer at
 	// prefetch 1 tries again (killswitch.go).
 	tripped, probing bool
+
+	starvedLooks int // scaling looks in a row that found a consumer starved (singleactive.go)
 
 	restart    *backoff.ExponentialBackOff
 	restartAt  time.Time
@@ -328,8 +333,13 @@ func (s *session) scale() {
 	}
 	n := len(s.active)
 	utilisation := busy / float64(n)
-
-	if n < l.cfg.max && (utilisation >= 0.75 || saturated) {
+	// On a single-active-consumer queue more consumers add nothing: the
+	// listener adds one, and no more until it has had messages, or, once
+	// it is plain that it will not have any, never again (singleactive.go).
+	// The idle ones above the minimum are scaled down below instead.
+	s.seeParallel()
+	s.watchSingleActive(now, mono, calls > 0 || busy > 0)
+	if n < l.cfg.max && (utilisation >= 0.75 || saturated) && !l.singleActiveHolds() && (n == 1 || l.parallel.Load()) {
 		depth, ok := s.depth(now)
 		if ok && depth > 0 {
 			add := 1
@@ -337,6 +347,9 @@ func (s *session) scale() {
 				// Enough consumers to drain the backlog within the drain target.
 				want := int(math.Ceil(float64(depth) / (rate * l.cfg.drainTarget.Seconds())))
 				add = max(want-n, 1)
+			}
+			if !l.parallel.Load() {
+				add = 1 // and no more until it has had messages (seeParallel)
 			}
 			add = min(add, l.cfg.max-n)
 			started := 0
@@ -358,7 +371,7 @@ func (s *session) scale() {
 	for i := len(s.active) - 1; i >= 0 && len(s.active) > l.cfg.min; i-- {
 		c := s.active[i]
 		idle := time.Duration(mono - c.lastActive.Load())
-		if c.inFlight.Load() == 0 && idle >= l.cfg.idleTimeout {
+		if c.inFlight.Load() == 0 && idle >= l.cfg.idleTimeout && !s.spareForVerdict(c, idle) {
 			c.stop()
 			s.active = slices.Delete(s.active, i, i+1)
 			l.cfg.logger.Debug("listener: scaled down", "queue", l.queue, "consumers", len(s.active), "idle", idle)
