@@ -163,12 +163,14 @@ type Topology struct {
 	// SingleActiveConsumer gives the work queue single active consumer
 	// (x-single-active-consumer; MassTransit's SingleActiveConsumer): of
 	// the queue's consumers, the broker delivers to one at a time, the
-	// first registered, and when it goes (its process dies, its connection
-	// or channel closes, it is cancelled) to the next, starting with the
-	// messages the one that went had not acked. Run a listener with one
-	// consumer (the default) in each of several processes: one works, the
-	// others stand by and take over. Classic and quorum queues alike, on
-	// RabbitMQ 3.10, 4.0 and 4.3 (tested); a policy cannot set it, and an
+	// first registered (on quorum queues from RabbitMQ 4.0, the one with
+	// the highest listener.WithConsumerPriority), and when it goes (its
+	// process dies, its connection or channel closes, it is cancelled) to
+	// the next, starting with the messages the one that went had not
+	// acked. Run a listener with one consumer (the default) in each of
+	// several processes: one works, the others stand by and take over.
+	// Classic and quorum queues alike, on RabbitMQ 3.10, 4.0 and 4.3
+	// (tested); a policy cannot set it (the broker refuses the key), and an
 	// existing queue cannot gain or lose it (Declare returns a
 	// *ConflictError).
 	//

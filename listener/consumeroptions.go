@@ -40,7 +40,11 @@ const maxTagPrefix = 200
 // queue, a service's hot spare at -1, say, or a local replica at 10 ahead of
 // a remote one; they do not order messages (see dlx.Topology.MaxPriority).
 // Classic and quorum queues honour them on RabbitMQ 3.10, 4.0 and 4.3
-// (tested). p is a 32-bit signed integer.
+// (tested). On a single-active-consumer queue
+// (dlx.Topology.SingleActiveConsumer) they also choose the active consumer
+// on quorum queues from RabbitMQ 4.0: a higher-priority consumer that joins
+// takes over; classic queues, and quorum queues on 3.10, keep the one that
+// came first (tested). p is a 32-bit signed integer.
 func WithConsumerPriority(p int) Option {
 	return func(c *config) {
 		if p < math.MinInt32 || p > math.MaxInt32 {

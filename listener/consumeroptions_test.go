@@ -201,3 +201,28 @@ func TestConsumerPriorityOrdersDeliveryBetweenListeners(t *testing.T) {
 		})
 	}
 }
+
+// Consumer priorities on a single-active-consumer queue, as each broker
+// does it: a quorum queue on RabbitMQ 4.0 and 4.3 makes a higher-priority
+// consumer that joins the active one; a classic queue, and a quorum queue
+// on 3.10, keep the one that registered first.
+func TestConsumerPriorityOnASingleActiveQueue(t *testing.T) {
+	for _, typ := range []dlx.QueueType{dlx.Classic, dlx.Quorum} {
+		t.Run(string(typ), func(t *testing.T) {
+			q := brokertest.Name(t, "q")
+			brokertest.Queue(t, q, amqp.Table{"x-queue-type": string(typ), "x-single-active-consumer": true})
+			var first, higher ids
+			a := start(t, q, nil, func(_ context.Context, d *amqp.Delivery) error { first.add(d); return nil })
+			brokertest.Eventually(t, 10*time.Second, "the first listener consuming", func() bool { return a.Stats().Consumers == 1 })
+			b := start(t, q, nil, func(_ context.Context, d *amqp.Delivery) error { higher.add(d); return nil }, listener.WithConsumerPriority(10))
+			brokertest.Eventually(t, 10*time.Second, "the higher-priority listener consuming", func() bool { return b.Stats().Consumers == 1 })
+			publishRange(t, q, 0, 10)
+			brokertest.Eventually(t, 10*time.Second, "the messages handled", func() bool { return first.len()+higher.len() == 10 })
+			takesOver := typ == dlx.Quorum && brokertest.AtLeast(t, 4, 0)
+			if got := higher.len() == 10; got != takesOver || (!takesOver && first.len() != 10) {
+				t.Errorf("the first listener handled %d and the higher-priority one %d; want the higher-priority one to take over: %v",
+					first.len(), higher.len(), takesOver)
+			}
+		})
+	}
+}

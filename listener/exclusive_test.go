@@ -145,3 +145,30 @@ func TestExclusiveListenerRetriesRefusalAfterLostConnection(t *testing.T) {
 	publishN(t, q, 3)
 	brokertest.Eventually(t, 10*time.Second, "the messages handled", func() bool { return s.distinct() == 3 })
 }
+
+// WithRedeliveryLimit starts each connection with a careful consumer at
+// prefetch 1 and hands over to the usual one: with WithExclusive the new
+// consumer must not be refused for good by the old one, whose cancel the
+// broker may not have processed yet. Every message is handled and Run goes
+// on.
+func TestExclusiveListenerHandsOverAfterCarefulStart(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	var log testlog.Buffer
+	s := newSeen()
+	r := start(t, q, nil, func(_ context.Context, d *amqp.Delivery) error { s.add(d.MessageId); return nil },
+		listener.WithExclusive(), listener.WithRedeliveryLimit(5), listener.WithLogger(log.Logger()))
+	brokertest.Eventually(t, 10*time.Second, "the careful consumer", func() bool { return r.Stats().Consumers == 1 })
+	publishN(t, q, 5)
+	brokertest.Eventually(t, 10*time.Second, "the first messages handled", func() bool { return s.distinct() == 5 })
+	time.Sleep(1100 * time.Millisecond) // the careful start lasts at least a second
+	publishRange(t, q, 5, 50)
+	brokertest.Eventually(t, 20*time.Second, "every message handled", func() bool { return s.distinct() == 50 })
+	brokertest.Eventually(t, 10*time.Second, "consuming at full prefetch", func() bool { return log.Count("consuming at full prefetch") == 1 })
+	brokertest.Eventually(t, 10*time.Second, "one consumer again", func() bool { return r.Stats().Consumers == 1 })
+	select {
+	case err := <-r.done:
+		t.Fatalf("Run ended with %v", err)
+	default:
+	}
+}
