@@ -197,14 +197,6 @@ func runSACChild(t *testing.T, v string) {
 	_ = l.Run(ctx)
 }
 
-// sacQueue declares a single-active-consumer queue of typ as another
-// service would: outside the listener.
-func sacQueue(t *testing.T, typ dlx.QueueType) string {
-	q := brokertest.Name(t, "q")
-	brokertest.Queue(t, q, amqp.Table{"x-queue-type": string(typ), "x-single-active-consumer": true})
-	return q
-}
-
 // peakConsumers samples the listener's consumers from now until the
 // messages are handled, and returns the most it saw; publish runs while
 // it samples.
