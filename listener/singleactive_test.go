@@ -122,9 +122,10 @@ func TestSingleActiveConsumerFailover(t *testing.T) {
 				}
 				return m
 			}
-			if a := activity(); a["child"] != "single_active" || a["standby"] != "waiting" {
-				t.Fatalf("the broker lists the consumers as %v, want the child single_active and the standby waiting", a)
-			}
+			brokertest.Eventually(t, 20*time.Second, "the broker to list the child single_active and the standby waiting", func() bool {
+				listed := activity()
+				return listed["child"] == "single_active" && listed["standby"] == "waiting"
+			})
 
 			publishRange(t, q, 0, total)
 			select {
