@@ -148,7 +148,8 @@
 // (75% of the time in their handler, or every prefetch slot taken) and a
 // passive declare shows messages ready in the queue, it adds as many consumers
 // as would drain the backlog within two seconds at the measured rate, several
-// at once. A consumer above the minimum with nothing in flight and no work for
+// at once (but one, the first time, until a second consumer has had messages:
+// on a single-active-consumer queue it never does, see Consumer arguments). A consumer above the minimum with nothing in flight and no work for
 // WithIdleTimeout (10s) is stopped. Decisions are logged at debug level and
 // visible in Stats.
 //
