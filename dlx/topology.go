@@ -161,6 +161,40 @@ type Topology struct {
 	// orders them strictly by priority; 3.x quorum queues ignore priorities.
 	// Republish and Tiers keep a message's priority.
 	MaxPriority int
+
+	// SingleActiveConsumer gives the work queue single active consumer
+	// (x-single-active-consumer; MassTransit's SingleActiveConsumer): of
+	// the queue's consumers, the broker delivers to one at a time, the
+	// first registered (on quorum queues from RabbitMQ 4.0, the one with
+	// the highest listener.WithConsumerPriority), and when it goes (its
+	// process dies, its connection or channel closes, it is cancelled) to
+	// the next, starting with the messages the one that went had not
+	// acked. Run a listener with one consumer (the default) in each of
+	// several processes: one works, the others stand by and take over.
+	// Classic and quorum queues alike, on RabbitMQ 3.10, 4.0 and 4.3
+	// (tested); a policy cannot set it (the broker refuses the key), and an
+	// existing queue cannot gain or lose it (Declare returns a
+	// *ConflictError).
+	//
+	// Only the work queue gets it. The retry queues have no consumers
+	// (their TTL sends messages back to the work queue), and the DLQ is
+	// read with basic.get (Replay, amqpretry dlq), which it would not
+	// limit anyway.
+	//
+	// It makes one consumer at a time, not an order across failures. Retry
+	// tiers and DelayedRedelivery send a failed message behind the ones
+	// published since, and a delivery waiting between local retries lets
+	// the others in the prefetch pass it (see listener's Consumers). For
+	// messages handled in queue order, with failover: WithPrefetch(1),
+	// local retries only (middleware.Retry), and a recoverer that takes a
+	// message that exhausts them out of the way (to the DLQ).
+	//
+	// A listener that declares the queue (listener.WithDeclare(t.Declare))
+	// knows it is single-active: with more than one consumer it warns once
+	// that they add no throughput, and it does not scale up. On a queue
+	// declared elsewhere it finds out by watching: a consumer of its own
+	// that gets nothing while messages are ready. Not with SkipWorkQueue.
+	SingleActiveConsumer bool
 }
 
 // DLX is the dead-letter exchange's name.
@@ -232,6 +266,9 @@ func (t Topology) Validate() error {
 	}
 	if t.MaxPriority > 0 && t.SkipWorkQueue {
 		bad("dlx: Topology.MaxPriority %d is not used with Topology.SkipWorkQueue: the work queue is declared elsewhere", t.MaxPriority)
+	}
+	if t.SingleActiveConsumer && t.SkipWorkQueue {
+		bad("dlx: Topology.SingleActiveConsumer is not used with Topology.SkipWorkQueue: the work queue is declared elsewhere, with x-single-active-consumer there if it is to have it")
 	}
 	if t.DLQWithBrokerDefaultLimit && t.Type != Quorum {
 		bad("dlx: Topology.DLQWithBrokerDefaultLimit is for a quorum DLQ created without x-delivery-limit: it needs Type: dlx.Quorum, got %q", cmp.Or(t.Type, Classic))
@@ -349,6 +386,9 @@ func (t Topology) retryRefusedWhenFull() error {
 		"is refused, and RabbitMQ drops it without a word (dead-lettering is not confirmed): %s", from, t.Queue, instead)
 }
 
+// singleActiveArgument is the queue argument of single active consumer.
+const singleActiveArgument = "x-single-active-consumer"
+
 // ownedArgument is a work queue argument that Declare sets itself: a value
 // in QueueArguments equal to it is harmless, another would be overwritten.
 type ownedArgument struct {
@@ -380,6 +420,9 @@ func (t Topology) workQueueArguments() map[string]ownedArgument {
 		}
 		owned["x-dead-letter-strategy"] = ownedArgument{"at-least-once", `Declare sets it to "at-least-once" for Topology.DelayedRedelivery, so that a message past the limit reaches the DLQ`}
 		owned["x-overflow"] = ownedArgument{"reject-publish", `Declare sets it to "reject-publish", which at-least-once dead-lettering (Topology.DelayedRedelivery) needs`}
+	}
+	if t.SingleActiveConsumer {
+		owned[singleActiveArgument] = ownedArgument{true, "Declare sets it to true for Topology.SingleActiveConsumer"}
 	}
 	if t.MaxPriority > 0 {
 		owned["x-max-priority"] = ownedArgument{int64(t.MaxPriority), fmt.Sprintf("Declare sets it to Topology.MaxPriority, %d", t.MaxPriority)}
@@ -486,8 +529,15 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		if t.MaxPriority > 0 {
 			args["x-max-priority"] = int64(t.MaxPriority)
 		}
+		if t.SingleActiveConsumer {
+			args[singleActiveArgument] = true
+		}
 		if err := t.declareQueue(ch, t.Queue, args, true); err != nil {
 			return err
+		}
+		if sac, _ := args[singleActiveArgument].(bool); sac {
+			// for the listener that runs this declaration (WithDeclare)
+			amqpconn.NoteSingleActive(ch, t.Queue)
 		}
 		if t.Exchange != "" {
 			keys := t.BindingKeys

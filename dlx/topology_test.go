@@ -504,6 +504,10 @@ func TestValidateRefusesWhatDeclareWouldNotDo(t *testing.T) {
 			`a retry sent back by q.retry while the classic work queue q is full is refused, and RabbitMQ drops it without a word (dead-lettering is not confirmed): drop the length limit, or use Type: dlx.Quorum`},
 		{"x-queue-type in DLQArguments", dlx.Topology{Queue: "q", Type: dlx.Quorum, DLQArguments: amqp.Table{"x-queue-type": "classic"}},
 			`Topology.DLQArguments["x-queue-type"] = "classic": the other queues of the topology would not get it; set Topology.Type`},
+		{"SingleActiveConsumer with SkipWorkQueue", dlx.Topology{Queue: "q", SkipWorkQueue: true, SingleActiveConsumer: true},
+			"Topology.SingleActiveConsumer is not used with Topology.SkipWorkQueue"},
+		{"x-single-active-consumer false with SingleActiveConsumer", dlx.Topology{Queue: "q", SingleActiveConsumer: true, QueueArguments: amqp.Table{"x-single-active-consumer": false}},
+			`Topology.QueueArguments["x-single-active-consumer"] = false: Declare sets it to true for Topology.SingleActiveConsumer`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -534,6 +538,8 @@ func TestValidateAcceptsWhatDeclarePassesOn(t *testing.T) {
 		"x-overflow as AtLeastOnce": {Queue: "q", Type: dlx.Quorum, AtLeastOnce: true, QueueArguments: amqp.Table{"x-overflow": "reject-publish"}},
 		"the topology's own DLX":    {Queue: "q", QueueArguments: amqp.Table{"x-dead-letter-exchange": "q.dlx", "x-dead-letter-routing-key": "q"}},
 		"DeliveryLimit, said again": {Queue: "q", Type: dlx.Quorum, DeliveryLimit: 5, QueueArguments: amqp.Table{"x-delivery-limit": 5}},
+		"single active consumer":    {Queue: "q", Type: dlx.Quorum, SingleActiveConsumer: true, QueueArguments: amqp.Table{"x-single-active-consumer": true}},
+		"x-single-active-consumer":  {Queue: "q", QueueArguments: amqp.Table{"x-single-active-consumer": true}},
 	}
 	for name, topo := range tests {
 		if err := topo.Validate(); err != nil {

@@ -3,9 +3,7 @@ package listener
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"os"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -71,8 +69,6 @@ type consumer struct {
 	sampledCalls uint64
 }
 
-var consumerSeq atomic.Uint64
-
 // monotime is nanoseconds on the monotonic clock: one clock read where
 // time.Now makes two, and it runs several times per message.
 func monotime() int64 { return telemetry.Mono() }
@@ -102,12 +98,8 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 		forget()
 		return nil, err
 	}
-	tag := fmt.Sprintf("amqpretry-%d-%d", os.Getpid(), consumerSeq.Add(1))
-	var args amqp.Table
-	if l.cfg.consumerTimeoutArg > 0 {
-		args = amqp.Table{"x-consumer-timeout": l.cfg.consumerTimeoutArg.Milliseconds()}
-	}
-	deliveries, err := ch.Consume(l.queue, tag, false, false, false, false, args)
+	tag := l.cfg.consumer.nextTag()
+	deliveries, err := ch.Consume(l.queue, tag, false, l.cfg.consumer.exclusive, false, false, l.cfg.consumeArgs)
 	if err != nil {
 		_ = ch.Close()
 		forget()

@@ -56,6 +56,26 @@
 // and no work for WithIdleTimeout (10s) is stopped. Decisions are logged at
 // debug level and visible in Stats.
 //
+// # Consumer arguments
+//
+// Each basic.consume can carry what Spring AMQP and MassTransit set per
+// consumer: WithConsumerPriority (x-priority: the broker feeds the
+// highest-priority consumers of a queue that have room first),
+// WithExclusive (the queue's only consumer: the broker refuses every other,
+// and Run ends with a *ConsumeRefusedError that says which side is
+// exclusive; one consumer only), and WithConsumerTagPrefix (tags that say
+// whose a consumer is in rabbitmqctl list_consumers). Single active
+// consumer, one consumer at a time with standbys that take over, is the
+// queue's argument: dlx.Topology.SingleActiveConsumer. On such a queue
+// more consumers in one listener add no throughput: a listener that
+// declares the queue that way (WithDeclare(topo.Declare)) never scales up
+// on it and, with more than one consumer, warns once; on a queue declared
+// elsewhere it sees a consumer get nothing for a second while the others
+// work and messages are ready, warns once, and adds no more consumers.
+// Until a second consumer has had messages, it adds one consumer at a
+// time. Run one consumer per listener on such a queue, and several
+// processes.
+//
 // # What a handler must not do
 //
 // A handler must not settle its own delivery (d.Ack, d.Nack, d.Reject): the

@@ -189,6 +189,8 @@ func (c config) onlyConnectionOptions(base config) string {
 		return "WithRedeliveryLimit"
 	case c.killSwitch != nil:
 		return "WithKillSwitch"
+	case c.consumer != base.consumer:
+		return "WithConsumerPriority, WithExclusive or WithConsumerTagPrefix"
 	case c.missingFatal:
 		return "WithMissingQueueFatal"
 	case c.scaleInterval != base.scaleInterval, c.idleTimeout != base.idleTimeout:

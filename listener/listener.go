@@ -44,6 +44,13 @@ type Listener struct {
 	// uncountedToldOnce: the log has said that the queue does not, so that
 	// WithRedeliveryLimit cannot act.
 	uncountedToldOnce atomic.Bool
+	// singleActive: whether the queue delivers to one consumer at a time
+	// (singleactive.go); singleActiveTold: the log has said so.
+	singleActive     atomic.Int32
+	singleActiveTold atomic.Bool
+	// parallel: two of its consumers have had messages at once, which a
+	// single-active queue never allows (seeParallel).
+	parallel atomic.Bool
 
 	mu        sync.Mutex
 	consumers map[*consumer]struct{} // active, for Stats
@@ -115,6 +122,8 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 		cfg.fail("WithMaxConcurrentConsumers expects at most %d (each consumer is a channel; RabbitMQ allows 2047 per connection), got %d", MaxConsumers, cfg.max)
 	}
 	cfg.checkConnection()
+	cfg.checkConsumer()
+	cfg.consumeArgs = cfg.consumer.arguments(cfg.consumerTimeoutArg.Milliseconds())
 	if mw == nil {
 		mw = middleware.Chain()
 	}
@@ -247,6 +256,7 @@ type supervisor struct {
 	interruptOnce  sync.Once
 	consumers      sync.WaitGroup // every consumer goroutine, old connections' included
 	consumed       bool           // the current connection has started a consumer (loop's and serve's goroutine only)
+	lostAt         time.Time      // when a connection that had started consumers was lost (serve's goroutine only)
 	closers        sync.WaitGroup // channel and connection closes still waiting for the broker (closeBounded)
 }
 

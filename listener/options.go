@@ -59,6 +59,8 @@ type config struct {
 	// consumerTimeoutArg is sent as x-consumer-timeout on basic.consume; 0: not sent
 	consumerTimeoutArg time.Duration
 	killSwitch         *KillSwitch // nil: off
+	consumer           consumerOptions
+	consumeArgs        amqp.Table // basic.consume's, built by New from consumer and consumerTimeoutArg; nil for none
 	telemetry          telemetry.Config
 	producerParent     bool
 	errs               []error

@@ -77,6 +77,9 @@ func (sv *supervisor) serveOn(ctx context.Context, conn *amqpconn.Conn) (err err
 			sv.shutdown() // the connection stays open until in-flight deliveries are settled
 			return nil
 		case err := <-connClosed:
+			if sv.consumed {
+				sv.lostAt = time.Now() // an exclusive consumer of it may linger (WithExclusive)
+			}
 			conn.Abandon()
 			if err == nil {
 				return errors.New("connection closed")
@@ -137,6 +140,9 @@ func (sv *supervisor) declare(conn *amqp.Connection) error {
 		}
 		return fmt.Errorf("listener: declaring for queue %q: %w", sv.l.queue, err)
 	}
+	if amqpconn.DeclaredSingleActive(ch, sv.l.queue) {
+		sv.l.declaredSingleActive()
+	}
 	return nil
 }
 
@@ -179,6 +185,8 @@ type session struct {
 	// prefetch 1 tries again (killswitch.go).
 	tripped, probing bool
 
+	starvedLooks int // scaling looks in a row that found a consumer starved (singleactive.go)
+
 	restart    *backoff.ExponentialBackOff
 	restartAt  time.Time
 	redeclared bool // declared again since the last consumer started
@@ -206,7 +214,8 @@ func (s *session) fillToMin() error {
 			}
 			var aerr *amqp.Error
 			missing := errors.As(err, &aerr) && aerr.Code == amqp.NotFound
-			if refused := l.consumeRefused(aerr); refused != nil {
+			ours, why := s.exclusiveMayBeOurs(aerr, time.Now())
+			if refused := l.consumeRefused(aerr); refused != nil && !ours {
 				return &fatalError{refused}
 			}
 			if missing && l.cfg.missingFatal {
@@ -226,6 +235,9 @@ func (s *session) fillToMin() error {
 			s.restartAt = time.Now().Add(delay)
 			if missing {
 				l.cfg.logger.Warn("listener: the queue does not exist; retrying (declare it, or pass WithDeclare)", "queue", l.queue, "retry_in", delay)
+			} else if ours {
+				l.cfg.logger.Info("listener: the queue is held by an exclusive consumer, perhaps this listener's own; retrying",
+					"queue", l.queue, "why", why, "retry_in", delay)
 			} else {
 				l.cfg.logger.Warn("listener: cannot start a consumer; retrying", "queue", l.queue, "error", err, "retry_in", delay)
 			}
@@ -255,8 +267,14 @@ func (l *Listener) consumeRefused(aerr *amqp.Error) error {
 		e.Fix = fmt.Sprintf("WithConsumerTimeoutArgument(%v) sends x-consumer-timeout, which this queue's type does not take "+
 			"(RabbitMQ 4.3 applies consumer timeouts to quorum queues only, and refuses the argument on classic queues): "+
 			"drop the option, or consume from a quorum queue", l.cfg.consumerTimeoutArg)
+	case aerr.Code == amqp.AccessRefused && strings.Contains(aerr.Reason, "exclusive") && l.cfg.consumer.exclusive:
+		e.Fix = "WithExclusive asks to be the queue's only consumer, and the queue has another one, exclusive or not " +
+			"(rabbitmqctl list_consumers shows it, with its tag and channel): stop it, or drop WithExclusive"
 	case aerr.Code == amqp.AccessRefused && strings.Contains(aerr.Reason, "exclusive"):
-		e.Fix = "another consumer holds the queue exclusively; stop it, or do not ask for exclusive consumption"
+		e.Fix = "another consumer holds the queue exclusively (an exclusive basic.consume: a listener with WithExclusive, " +
+			"a Spring container with exclusive set, MassTransit's ExclusiveConsumer; rabbitmqctl list_consumers shows it, with its tag and channel), " +
+			"and while it consumes the broker refuses every other consumer: stop it, or consume another queue. " +
+			"For consumers that stand by and take over from each other, use a single-active-consumer queue instead (dlx.Topology.SingleActiveConsumer)"
 	case aerr.Code == amqp.AccessRefused:
 		e.Fix = "the user may not read from the queue: grant it read permission (rabbitmqctl set_permissions)"
 	case aerr.Code == amqp.ResourceLocked:
@@ -315,8 +333,13 @@ func (s *session) scale() {
 	}
 	n := len(s.active)
 	utilisation := busy / float64(n)
-
-	if n < l.cfg.max && (utilisation >= 0.75 || saturated) {
+	// On a single-active-consumer queue more consumers add nothing: the
+	// listener adds one, and no more until it has had messages, or, once
+	// it is plain that it will not have any, never again (singleactive.go).
+	// The idle ones above the minimum are scaled down below instead.
+	s.seeParallel()
+	s.watchSingleActive(now, mono, calls > 0 || busy > 0)
+	if n < l.cfg.max && (utilisation >= 0.75 || saturated) && !l.singleActiveHolds() && (n == 1 || l.parallel.Load()) {
 		depth, ok := s.depth(now)
 		if ok && depth > 0 {
 			add := 1
@@ -324,6 +347,9 @@ func (s *session) scale() {
 				// Enough consumers to drain the backlog within the drain target.
 				want := int(math.Ceil(float64(depth) / (rate * l.cfg.drainTarget.Seconds())))
 				add = max(want-n, 1)
+			}
+			if !l.parallel.Load() {
+				add = 1 // and no more until it has had messages (seeParallel)
 			}
 			add = min(add, l.cfg.max-n)
 			started := 0
@@ -345,7 +371,7 @@ func (s *session) scale() {
 	for i := len(s.active) - 1; i >= 0 && len(s.active) > l.cfg.min; i-- {
 		c := s.active[i]
 		idle := time.Duration(mono - c.lastActive.Load())
-		if c.inFlight.Load() == 0 && idle >= l.cfg.idleTimeout {
+		if c.inFlight.Load() == 0 && idle >= l.cfg.idleTimeout && !s.spareForVerdict(c, idle) {
 			c.stop()
 			s.active = slices.Delete(s.active, i, i+1)
 			l.cfg.logger.Debug("listener: scaled down", "queue", l.queue, "consumers", len(s.active), "idle", idle)

@@ -63,25 +63,70 @@ func (v ServerVersion) String() string {
 // Channels opened by this module remember the version of the broker they
 // talk to, so that code handed only a channel (a Topology's Declare, a
 // recoverer handed a delivery, whose Acknowledger is its channel) can adapt
-// to the broker. amqp091's Channel does not expose its connection.
-var channelVersions sync.Map // *amqp.Channel → ServerVersion
+// to the broker. amqp091's Channel does not expose its connection. They
+// also collect what a declaration on them notes for the listener that
+// opened them (NoteSingleActive).
+var channelInfos sync.Map // *amqp.Channel → *channelInfo
+
+type channelInfo struct {
+	version ServerVersion
+
+	mu           sync.Mutex
+	singleActive map[string]bool // queues declared with single active consumer
+}
 
 // Remember records the version of the broker ch talks to, until forget is
 // called (when the channel is done with).
 func Remember(ch *amqp.Channel, v ServerVersion) (forget func()) {
-	channelVersions.Store(ch, v)
-	return func() { channelVersions.Delete(ch) }
+	channelInfos.Store(ch, &channelInfo{version: v})
+	return func() { channelInfos.Delete(ch) }
 }
 
 // ChannelVersion is the version remembered for ch (an *amqp.Channel, or a
 // delivery's Acknowledger, which is its channel); unknown for a channel this
 // module did not open.
 func ChannelVersion(ch any) ServerVersion {
+	if info := infoOf(ch); info != nil {
+		return info.version
+	}
+	return ServerVersion{}
+}
+
+func infoOf(ch any) *channelInfo {
 	c, ok := ch.(*amqp.Channel)
 	if !ok || c == nil {
-		return ServerVersion{}
+		return nil
 	}
-	v, _ := channelVersions.Load(c)
-	ver, _ := v.(ServerVersion)
-	return ver
+	v, _ := channelInfos.Load(c)
+	info, _ := v.(*channelInfo)
+	return info
+}
+
+// NoteSingleActive records that queue was declared on ch with single active
+// consumer (x-single-active-consumer), for the listener whose declarations
+// ran there: no AMQP method reads a queue's arguments back. A no-op on a
+// channel this module did not open.
+func NoteSingleActive(ch *amqp.Channel, queue string) {
+	info := infoOf(ch)
+	if info == nil {
+		return
+	}
+	info.mu.Lock()
+	defer info.mu.Unlock()
+	if info.singleActive == nil {
+		info.singleActive = map[string]bool{}
+	}
+	info.singleActive[queue] = true
+}
+
+// DeclaredSingleActive reports whether a declaration on ch noted queue as
+// single active consumer (NoteSingleActive).
+func DeclaredSingleActive(ch *amqp.Channel, queue string) bool {
+	info := infoOf(ch)
+	if info == nil {
+		return false
+	}
+	info.mu.Lock()
+	defer info.mu.Unlock()
+	return info.singleActive[queue]
 }
