@@ -34,7 +34,8 @@ type consumer struct {
 	pending    sync.WaitGroup  // deliveries in flight, on any goroutine
 	ctx        context.Context // for its deliveries: cancelled when the channel dies or handlers time out
 	cancel     context.CancelFunc
-	handle     middleware.Handler // mw(gate(CatchPanics(h)))
+	handle     middleware.Handler // mw(gate(CatchPanics(h))); in batch mode, the chain of a failed delivery (batch.go)
+	b          *batchConsumer     // batch mode's state (batch.go); nil for a Handler
 	gate       chan struct{}
 	spans      spanBuffers // for startProcess, used by the current reader only
 
@@ -129,7 +130,11 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	default:
 	}
 	c.ctx = sv.chainContext(ctx, c.interrupt)
-	c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
+	if l.batch != nil {
+		c.b = newBatchConsumer(c)
+	} else {
+		c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
+	}
 	c.consuming.Store(true)
 	c.lastActive.Store(monotime())
 	l.mu.Lock()
@@ -220,6 +225,10 @@ type delivery struct {
 	failedFor error // the cause it went to the recoverer with (Recovering), for the kill switch
 	recorded  bool  // the kill switch has counted it already
 
+	// batch mode: the batch it came in and its place there (batch.go)
+	batch *batchRun
+	index int
+
 	recoveredTo string // where its recoverer put it (RecoveredTo), for the log
 	attempts    int    // ... after so many failed attempts
 	deadLetter  bool   // ... as a dead letter, not a retry hop
@@ -260,11 +269,26 @@ func (dd *delivery) WillWait() {
 		// list has it for the age watch): a careful start that waits for
 		// the consumer to be idle must not wait for its retries.
 		dd.c.current.CompareAndSwap(dd, nil)
-		dd.c.spawnReader()
+		dd.handOff()
 	}
 }
 
+// handOff starts the goroutine that reads in place of dd's, which stays
+// with dd: in batch mode it first runs the chains of the rest of dd's
+// batch's failures.
+func (dd *delivery) handOff() {
+	if dd.batch != nil {
+		dd.c.spawnBatchReader(dd.batch)
+		return
+	}
+	dd.c.spawnReader()
+}
+
 func (c *consumer) spawnReader() {
+	if c.b != nil {
+		c.spawnBatchReader(nil)
+		return
+	}
 	c.sv.consumers.Add(1)
 	go c.read()
 }
@@ -583,7 +607,7 @@ func (c *consumer) goexited(dd *delivery) {
 	}
 	c.current.CompareAndSwap(dd, nil)
 	if dd.reader.CompareAndSwap(true, false) {
-		c.spawnReader()
+		dd.handOff()
 	}
 }
 

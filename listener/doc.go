@@ -35,6 +35,25 @@
 // same consumer or prefetched by another, and it can wait until the consumer
 // timeout. Collect such messages in a store of your own and return.
 //
+// # Batches
+//
+// NewBatch hands a BatchHandler up to a batch size of deliveries at once,
+// or what arrived within a wait after the first, for handlers that write to
+// a database or an API in bulk (Spring AMQP's consumerBatchEnabled with
+// batchSize and receiveTimeout, MassTransit's Batch<T>). Everything else is
+// the same: options, scaling, shutdown, reconnection, kill switch and
+// telemetry. The handler returns nil (all acked), PerMessage(errs) with one
+// result per delivery, or an error or panic that fails the whole batch.
+// Each failed message goes through the middleware alone: its chain's first
+// call returns the error the batch gave it, and the later ones run the
+// handler on a batch of that one message, so Retry(5) means five attempts
+// in all and the Recover at the end gets what still fails; a batch-level
+// failure retries every message alone, which singles out the one that broke
+// it. Failures waiting between retries are parked as a single handler's
+// are: the consumer goes on with the next batches. Prefetch must be at
+// least the batch size. The batch gets one process span with a link to
+// each message's producer.
+//
 // # Consumer timeout
 //
 // RabbitMQ closes a consumer's channel when a delivery stays unacknowledged
@@ -160,8 +179,10 @@
 //
 // Each delivery gets a CONSUMER span "process <queue>" with OpenTelemetry's
 // messaging attributes, linked to the producer's span from the traceparent
-// header (WithProducerAsParent makes it the parent), and the metrics
-// messaging.process.duration, messaging.client.consumed.messages,
+// header (WithProducerAsParent makes it the parent); in batch mode each batch
+// gets one, with messaging.batch.message_count and a link per message. The
+// metrics are messaging.process.duration and
+// messaging.client.consumed.messages, per message in either mode,
 // amqpretry.consumers.active and amqpretry.deliveries.parked (with a kill
 // switch, amqpretry.killswitch.trips and amqpretry.killswitch.state). The providers
 // (WithTracerProvider, WithMeterProvider, WithPropagators, defaulting to the

@@ -16,6 +16,7 @@ const (
 	KeyOutcome    = "amqpretry.outcome"     // how an attempt or a recovery ended: an Outcome
 	KeyRetryDelay = "amqpretry.retry.delay" // seconds until the next attempt, on the "retry scheduled" event
 	KeySettlement = "amqpretry.settlement"  // how the listener settled a delivery
+	KeyBatchIndex = "amqpretry.batch.index" // a message's place in its batch, 0-based, on a batch span's events
 )
 
 // SystemRabbitMQ is the value of messaging.system.
