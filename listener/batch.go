@@ -99,9 +99,10 @@ func errorString(err error) (s string) {
 // the batch call itself goes through none of it (a middleware.Timeout in mw
 // bounds the retries of one message, not the batch call).
 //
-// A shutdown or a lost channel while a batch runs hands back what has not
-// succeeded, with a nack: it never reaches the recoverer. A batch that did not
-// start before the shutdown goes back whole.
+// A shutdown lets a running batch finish within WithShutdownTimeout, then
+// cancels its context; its failures then go back to the queue with a nack,
+// as New's would, and none reaches the recoverer. A batch that had not
+// started goes back whole. A lost channel takes back whatever is unsettled.
 //
 // The consumer's prefetch (WithPrefetch) must be at least size, or no batch
 // could fill: NewBatch refuses less. Each batch gets one CONSUMER span,
@@ -109,9 +110,10 @@ func errorString(err error) (s string) {
 // message's producer span (from its traceparent header); a failed message
 // adds a "message failed" event, and once the last of its messages is
 // settled the span ends, with an error status when any was not acked. The
-// retries of a failed message are attempt spans under it. Metrics count
-// each message, as New's do. WithProducerAsParent does not apply: a batch
-// has many producers.
+// retries of a failed message are attempt spans under it. The listener's
+// metrics count each message, as New's do (Retry's count the attempts of
+// the failed messages, the only ones that go through it).
+// WithProducerAsParent does not apply: a batch has many producers.
 func NewBatch(queue string, mw middleware.Middleware, h BatchHandler, size int, wait time.Duration, opts ...Option) (*Listener, error) {
 	var standIn middleware.Handler
 	if h != nil {
@@ -314,12 +316,14 @@ func (c *consumer) runBatch(run *batchRun) bool {
 	results := c.callBatch(ctx, run)
 	called = true
 	c.current.CompareAndSwap(run.dds[0], nil)
+	run.msgs = nil
 	for i, dd := range run.dds {
 		switch {
 		case run.overLimit != nil && run.overLimit[i]:
 			run.failed = append(run.failed, i)
 		case results[i] == nil:
 			c.settleBatched(run, dd, nil)
+			run.dds[i] = nil // a failure's long retries need not keep it
 		default:
 			run.first[i] = results[i]
 			run.failed = append(run.failed, i)

@@ -547,3 +547,45 @@ func TestBatchRedeliveryLimit(t *testing.T) {
 		t.Errorf("the message was in %d batches, want 2: the third delivery (x-delivery-count 2) must not reach the handler", in)
 	}
 }
+
+// The broker closes the listener's connection while a batch runs: the
+// batch's messages come back to the queue (its handler's context ends), the
+// listener redials, and every message is written, none lost.
+func TestBatchConnectionKilledMidBatch(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	publishN(t, q, 1000)
+	name := brokertest.Name(t, "listener")
+	s := newSeen()
+	cut := make(chan struct{})
+	var calls, held atomic.Int64
+	r := startBatch(t, q, middleware.Chain(middleware.Retry(3), middleware.Recover(neverRecover(t))), func(ctx context.Context, batch []*amqp.Delivery) error {
+		if calls.Add(1) > 5 {
+			held.Add(1)
+			select {
+			case <-cut:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		for _, d := range batch {
+			s.add(d.MessageId)
+		}
+		return nil
+	}, 50, 100*time.Millisecond, listener.WithConcurrentConsumers(2), listener.WithConnectionName(name), listener.WithPrefetch(100))
+
+	brokertest.Eventually(t, 20*time.Second, "five batches handled and the next held", func() bool { return calls.Load() >= 5 && held.Load() > 0 })
+	if n := brokertest.CloseConnections(t, name); n != 1 {
+		t.Fatalf("closed %d connections, want the listener's one", n)
+	}
+	atCut := s.distinct()
+	close(cut)
+	if atCut >= 1000 {
+		t.Fatal("every message was handled before the cut: the test proves nothing")
+	}
+	brokertest.Eventually(t, 30*time.Second, "all 1000 handled after the redial", func() bool { return s.distinct() == 1000 })
+	brokertest.Eventually(t, 10*time.Second, "the queue empty and acked", func() bool {
+		return brokertest.Depth(t, q) == 0 && r.Stats().InFlight == 0
+	})
+	t.Logf("cut after %d of 1000; duplicates (in flight when the connection died, redelivered): %d", atCut, s.duplicates())
+}

@@ -33,7 +33,8 @@
 // (a reply, the next part of a batch): one handler runs at a time per
 // consumer, so the message it waits for is either queued behind it on the
 // same consumer or prefetched by another, and it can wait until the consumer
-// timeout. Collect such messages in a store of your own and return.
+// timeout. Collect such messages in a store of your own and return, or let
+// NewBatch collect them.
 //
 // # Batches
 //
