@@ -135,16 +135,17 @@ func newListener(who, queue string, mw middleware.Middleware, h middleware.Handl
 	var survey chainctx.Survey
 	if h != nil {
 		survey = chainctx.SurveyChain(func() { mw(h) })
-		wait := survey.Wait
+		wait, what := survey.Wait, "their waits, and the handler's Timeouts on every attempt"
 		if batch != nil {
 			wait += batch.wait // a delivery may wait that long for its batch to fill
+			what += ", and the batch's wait"
 		}
 		if wait >= cfg.consumerTimeout {
-			cfg.fail("the middleware's retries may hold a delivery for %v (their waits, and the handler's Timeouts on every attempt, and a batch's wait), "+
+			cfg.fail("the middleware's retries may hold a delivery for %v (%s), "+
 				"longer than the consumer timeout %v: the broker would close the channel and redeliver it. Use fewer or shorter "+
 				"local retries or a shorter middleware.Timeout, hand longer delays to broker-side retry tiers (package dlx), "+
 				"or raise consumer_timeout and WithConsumerTimeout together",
-				wait, cfg.consumerTimeout)
+				wait, what, cfg.consumerTimeout)
 		}
 	}
 	if len(cfg.errs) > 0 {
