@@ -231,9 +231,16 @@ func TestBatchFailuresWaitSideBySide(t *testing.T) {
 		b.add(batch)
 		return errors.New("database down")
 	}
-	chain := middleware.Chain(middleware.Retry(3, middleware.WithInitialInterval(time.Minute), middleware.WithMaxInterval(time.Minute)), middleware.Recover(neverRecover(t)))
+	waiting := newSeen()
+	chain := middleware.Chain(
+		middleware.Retry(3, middleware.WithInitialInterval(time.Minute), middleware.WithMaxInterval(time.Minute),
+			middleware.OnRetry(func(_ context.Context, e middleware.RetryEvent) { waiting.add(e.Delivery.MessageId) })),
+		middleware.Recover(neverRecover(t)))
 	r := startBatch(t, q, chain, h, 5, 5*time.Second)
-	brokertest.Eventually(t, 10*time.Second, "all five waiting for their second attempt", func() bool { return r.Stats().Parked == 5 })
+	brokertest.Eventually(t, 10*time.Second, "all five waiting for their second attempt", func() bool { return waiting.distinct() == 5 })
+	if st := r.Stats(); st.Parked != 5 {
+		t.Errorf("stats %+v: want the five parked", st)
+	}
 	r.Stop(t)
 	if got := b.get(); len(got) != 1 || len(got[0]) != 5 {
 		t.Errorf("batches %v, want the one batch of five", got)
