@@ -19,12 +19,13 @@ const (
 	sectionChain      = "chain"
 	sectionOutbox     = "outbox"
 	sectionRetry      = "retry"
+	sectionBatch      = "batch"
 	// partRetryMemory is the retry section's parked-messages part, which
 	// -skip can leave out alone.
 	partRetryMemory = "retry-memory"
 )
 
-var sections = []string{sectionThroughput, sectionPoison, sectionSchedule, sectionScale, sectionChain, sectionOutbox, sectionRetry}
+var sections = []string{sectionThroughput, sectionPoison, sectionSchedule, sectionScale, sectionChain, sectionOutbox, sectionRetry, sectionBatch}
 
 // Config is everything one run needs. main fills it from flags; the smoke
 // test fills it with tiny numbers.
@@ -61,6 +62,10 @@ type Config struct {
 	// those parked in a long delay for the memory measurement.
 	RetryMessages int
 	RetryParked   int
+
+	// BatchMessages is the messages of each batch-section run (on the
+	// PostgreSQL of DSN too).
+	BatchMessages int
 }
 
 func defaultConfig() Config {
@@ -89,13 +94,17 @@ func defaultConfig() Config {
 		// times: 20000 make a run of a few seconds.
 		RetryMessages: 20000,
 		RetryParked:   100000,
+
+		// One INSERT per message runs at a few thousand a second on a
+		// laptop's PostgreSQL: 20000 make a run of a few seconds.
+		BatchMessages: 20000,
 	}
 }
 
 // parseSkip reads -skip's comma list and rejects names it does not know, so
 // that a typo does not silently run everything.
 func parseSkip(list string) (map[string]bool, error) {
-	known := append(append(slices.Clone(sections), variantNames()...), retryVariantNames()...)
+	known := append(append(append(slices.Clone(sections), variantNames()...), retryVariantNames()...), batchVariantNames()...)
 	skip := map[string]bool{}
 	for _, name := range strings.Split(list, ",") {
 		name = strings.TrimSpace(name)
@@ -122,6 +131,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("-scale-backlog expects at least 1, got %d", c.ScaleBacklog)
 	case c.OutboxMessages < 1:
 		return fmt.Errorf("-outbox-messages expects at least 1, got %d", c.OutboxMessages)
+	case c.BatchMessages < 1:
+		return fmt.Errorf("-batch-messages expects at least 1, got %d", c.BatchMessages)
 	case c.OutboxLatencyMessages < 1:
 		return fmt.Errorf("-outbox-latency-messages expects at least 1, got %d", c.OutboxLatencyMessages)
 	case c.RetryMessages < 1:

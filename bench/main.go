@@ -3,6 +3,9 @@
 // retry schedule's accuracy, the listener's scale-up time, the chain's
 // per-message overhead, the outbox relay against raw confirmed
 // publishing with its commit-to-publish latency (on PostgreSQL, $DATABASE_URL),
+// a batch handler writing a batch with one multi-row INSERT against a handler
+// writing each message with its own and a raw amqp091-go loop doing the
+// batched INSERTs (PostgreSQL too),
 // and, on a RabbitMQ 4.3 broker (-retry-url), a flood of messages that each
 // fail twice through the broker's delayed retry, TTL tiers and local
 // retries, with the memory of messages parked in a delay. It prints a markdown report and writes
@@ -10,8 +13,9 @@
 //
 //	make bench                           # the broker, then the defaults below
 //	go run . -rounds 1 -messages 5000 -skip schedule,watermill
-//	go run . -out /tmp/outbox -skip throughput,poison,schedule,scale,chain,retry   # the outbox alone
-//	go run . -out /tmp/retry -skip throughput,poison,schedule,scale,chain,outbox   # the retry section alone
+//	go run . -out /tmp/outbox -skip throughput,poison,schedule,scale,chain,retry,batch   # the outbox alone
+//	go run . -out /tmp/retry -skip throughput,poison,schedule,scale,chain,outbox,batch   # the retry section alone
+//	go run . -out /tmp/batch -skip throughput,poison,schedule,scale,chain,outbox,retry   # the batch section alone
 //
 // Throughput and poison-flood runs are interleaved, each round starting one
 // variant further along (raw, listener, listener-otel, otel-floor, watermill;
@@ -63,13 +67,14 @@ func main() {
 	flag.DurationVar(&cfg.Settle, "settle", cfg.Settle, "pause after filling a queue, before measuring")
 	flag.IntVar(&cfg.OutboxMessages, "outbox-messages", cfg.OutboxMessages, "rows per outbox throughput run (relay and raw publish as many)")
 	flag.IntVar(&cfg.OutboxLatencyMessages, "outbox-latency-messages", cfg.OutboxLatencyMessages, "orders committed one by one for the commit-to-publish latency")
+	flag.IntVar(&cfg.BatchMessages, "batch-messages", cfg.BatchMessages, "messages per batch-section run (one INSERT each against one per batch of 100)")
 	flag.StringVar(&cfg.RetryURL, "retry-url", cfg.RetryURL, "the RabbitMQ 4.3 broker of the retry section (skipped, with a note, if it does not answer or is older)")
 	flag.StringVar(&cfg.RetryCtl, "retry-ctl", cfg.RetryCtl, "the rabbitmqctl command that reaches -retry-url's node, for its queues' memory (empty: none)")
 	flag.IntVar(&cfg.RetryMessages, "retry-messages", cfg.RetryMessages, "messages per retry-flood run (each fails twice, then succeeds)")
 	flag.IntVar(&cfg.RetryParked, "retry-parked", cfg.RetryParked, "messages parked in a long delay for the retry section's memory measurement")
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "directory for results.json and throughput.png")
 	flag.StringVar(&cfg.Profile, "profile", "", "directory for a CPU and an allocation profile of every throughput and poison-flood run (slows them)")
-	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(append(variantNames(), retryVariantNames()...))+") to leave out")
+	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(append(append(variantNames(), retryVariantNames()...), batchVariantNames()...))+") to leave out")
 	flag.Parse()
 	var err error
 	if cfg.Skip, err = parseSkip(*skip); err == nil {
@@ -148,6 +153,12 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 		cfg.logf("outbox: relay against raw confirmed publishing, %d messages", cfg.OutboxMessages)
 		if r.Outbox, err = measureOutbox(ctx, e); err != nil {
 			return nil, fmt.Errorf("outbox: %w", err)
+		}
+	}
+	if !cfg.Skip[sectionBatch] {
+		cfg.logf("batch: one INSERT per message against one per batch of %d, %d messages", benchBatchSize, cfg.BatchMessages)
+		if r.Batch, err = measureBatch(ctx, e); err != nil {
+			return nil, fmt.Errorf("batch: %w", err)
 		}
 	}
 	if !cfg.Skip[sectionRetry] {

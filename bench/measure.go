@@ -43,6 +43,16 @@ func (t *tally) hit() {
 	}
 }
 
+// hitN counts n finished messages at once (a batch).
+func (t *tally) hitN(n int) {
+	now := int64(time.Since(epoch))
+	t.first.CompareAndSwap(0, now)
+	if total := t.n.Add(int64(n)); total >= t.target && total-int64(n) < t.target {
+		t.last.Store(now)
+		close(t.done)
+	}
+}
+
 // count is how many messages have been counted so far.
 func (t *tally) count() int { return int(t.n.Load()) }
 

@@ -70,6 +70,7 @@ func TestSmoke(t *testing.T) {
 	cfg.Profile = filepath.Join(cfg.Out, "profiles")
 	cfg.Skip = map[string]bool{sectionSchedule: true}
 	cfg.OutboxMessages, cfg.OutboxLatencyMessages = 300, 20
+	cfg.BatchMessages = 300
 	cfg.RetryMessages, cfg.RetryParked = 200, 300
 	// Without rabbitmqctl the parked messages are counted by passive
 	// declares, at once, instead of waiting seconds for the broker's
@@ -77,6 +78,7 @@ func TestSmoke(t *testing.T) {
 	cfg.RetryCtl = ""
 	if cfg.DSN = requireDB(t); cfg.DSN == "" {
 		cfg.Skip[sectionOutbox] = true
+		cfg.Skip[sectionBatch] = true
 	}
 	var out bytes.Buffer
 	cfg.Stdout = &out
@@ -142,6 +144,9 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("the report lacks the outbox section:\n%s", out.String())
 		}
 	}
+	if !cfg.Skip[sectionBatch] {
+		checkBatchSmoke(t, res.Batch, out.String(), rounds)
+	}
 	if res.Schedule != nil {
 		t.Error("the skipped retry schedule ran")
 	}
@@ -170,6 +175,30 @@ func TestSmoke(t *testing.T) {
 	}
 	if png, err := os.ReadFile(filepath.Join(cfg.Out, "throughput.png")); err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
 		t.Errorf("throughput.png: not a PNG (%v)", err)
+	}
+}
+
+// checkBatchSmoke checks the batch section of a smoke run: every variant
+// measured each round (each run checks its table holds every message), and
+// both goals measured.
+func checkBatchSmoke(t *testing.T, b *BatchResult, report string, rounds int) {
+	t.Helper()
+	if b == nil || b.Runs == nil || len(b.Runs.Variants) != 4 || b.Runs.Baseline != "raw-batched" {
+		t.Fatalf("batch section: %+v", b)
+	}
+	for _, v := range b.Runs.Variants {
+		if len(v.Samples) != rounds || v.MedianMsgPerSec <= 0 || v.MedianCPUPerMsg <= 0 || v.RatioToBaseline <= 0 {
+			t.Errorf("batch %s: %+v", v.Name, v)
+		}
+	}
+	if len(b.Goals) != 2 || b.Goals[0].Measured <= 0 || b.Goals[1].Measured <= 0 {
+		t.Errorf("batch goals %+v", b.Goals)
+	}
+	for _, want := range []string{"## Batch handler:", "| raw-batched |", "| raw-batched-ack-each |", "| per-message |", "| batch-handler |",
+		"Goals of issue 28", "batch-handler msg/s ≥3.00× per-message"} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q:\n%s", want, report)
+		}
 	}
 }
 

@@ -67,7 +67,9 @@ func fill(b *testing.B, q string, n int) {
 // BenchmarkConsume measures draining b.N ready messages, from the first
 // delivery handled to the last, with 2 consumers and
 // the default prefetch: raw amqp091-go (consume, ack one by one) against the
-// listener running Chain(Retry(5), Recover(Republish(...))) with no failures.
+// listener running Chain(Retry(5), Recover(Republish(...))) with no failures,
+// and NewBatch with the same chain handing batches of 100 to a handler that
+// does nothing: what collecting batches costs beside handling one by one.
 //
 //	go test -run XXX -bench Consume -benchtime 20000x -count 5 ./listener
 func BenchmarkConsume(b *testing.B) {
@@ -107,6 +109,7 @@ func BenchmarkConsume(b *testing.B) {
 		report(b, first, cpu0)
 	})
 	b.Run("listener", func(b *testing.B) { benchListener(b, consumers, prefetch) })
+	b.Run("batch", func(b *testing.B) { benchBatch(b, consumers, prefetch) })
 	b.Run("listener-otel", func(b *testing.B) {
 		// The real SDK, every span sampled and exported in batches (to an
 		// exporter that drops them), every metric aggregated.
@@ -164,5 +167,47 @@ func benchListener(b *testing.B, consumers, prefetch int, opts ...listener.Optio
 		if err := <-ran; err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func benchBatch(b *testing.B, consumers, prefetch int) {
+	q, dlq := brokertest.Name(b, "q"), brokertest.Name(b, "dlq")
+	brokertest.Queue(b, q, nil)
+	brokertest.Queue(b, dlq, nil)
+	fill(b, q, b.N)
+	pub, err := publisher.New(brokertest.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pub.Close()
+	var handled atomic.Int64
+	done := make(chan struct{})
+	var first time.Time
+	var once sync.Once
+	l, err := listener.NewBatch(q,
+		middleware.Chain(middleware.Retry(5), middleware.Recover(recoverer.Republish(pub, "", dlq))),
+		func(_ context.Context, batch []*amqp.Delivery) error {
+			once.Do(func() { first = time.Now() })
+			if n := handled.Add(int64(len(batch))); n >= int64(b.N) && n-int64(len(batch)) < int64(b.N) {
+				close(done)
+			}
+			return nil
+		}, 100, 20*time.Millisecond,
+		listener.WithURL(brokertest.URL()), listener.WithConcurrentConsumers(consumers), listener.WithPrefetch(prefetch),
+		listener.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	go func() { ran <- l.Run(ctx) }()
+	<-done
+	b.StopTimer()
+	report(b, first, cpu0)
+	cancel()
+	if err := <-ran; err != nil {
+		b.Fatal(err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqphdr"
@@ -31,7 +32,8 @@ type consumer struct {
 	pending    sync.WaitGroup  // deliveries in flight, on any goroutine
 	ctx        context.Context // for its deliveries: cancelled when the channel dies or handlers time out
 	cancel     context.CancelFunc
-	handle     middleware.Handler // mw(gate(CatchPanics(h)))
+	handle     middleware.Handler // mw(gate(CatchPanics(h))); in batch mode, the chain of a failed delivery (batch.go)
+	b          *batchConsumer     // batch mode's state (batch.go); nil for a Handler
 	gate       chan struct{}
 	spans      spanBuffers // for startProcess, used by the current reader only
 
@@ -120,7 +122,11 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	default:
 	}
 	c.ctx = sv.chainContext(ctx, c.interrupt)
-	c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
+	if l.batch != nil {
+		c.b = newBatchConsumer(c)
+	} else {
+		c.handle = l.mw(c.gated(middleware.CatchPanics()(l.handler)))
+	}
 	c.consuming.Store(true)
 	c.lastActive.Store(monotime())
 	l.mu.Lock()
@@ -211,6 +217,10 @@ type delivery struct {
 	failedFor error // the cause it went to the recoverer with (Recovering), for the kill switch
 	recorded  bool  // the kill switch has counted it already
 
+	// batch mode: the batch it came in and its place there (batch.go)
+	batch *batchRun
+	index int
+
 	recoveredTo string // where its recoverer put it (RecoveredTo), for the log
 	attempts    int    // ... after so many failed attempts
 	deadLetter  bool   // ... as a dead letter, not a retry hop
@@ -251,11 +261,26 @@ func (dd *delivery) WillWait() {
 		// list has it for the age watch): a careful start that waits for
 		// the consumer to be idle must not wait for its retries.
 		dd.c.current.CompareAndSwap(dd, nil)
-		dd.c.spawnReader()
+		dd.handOff()
 	}
 }
 
+// handOff starts the goroutine that reads in place of dd's, which stays
+// with dd: in batch mode it first runs the chains of the rest of dd's
+// batch's failures.
+func (dd *delivery) handOff() {
+	if dd.batch != nil {
+		dd.c.spawnBatchReader(dd.batch)
+		return
+	}
+	dd.c.spawnReader()
+}
+
 func (c *consumer) spawnReader() {
+	if c.b != nil {
+		c.spawnBatchReader(nil)
+		return
+	}
 	c.sv.consumers.Add(1)
 	go c.read()
 }
@@ -263,35 +288,10 @@ func (c *consumer) spawnReader() {
 func (c *consumer) read() {
 	defer c.sv.consumers.Done()
 	for d := range c.deliveries {
-		if c.timedOut.Load() {
-			// The broker has taken back every unacked delivery of this
-			// consumer (a 4.3 consumer timeout) and gives them to another:
-			// handling them here would do the work twice, and settling them
-			// is worse than useless (on RabbitMQ 4.3.6 a late nack or reject
-			// here could make another of them count as a failed delivery).
+		dd := c.admit(&d)
+		if dd == nil {
 			continue
 		}
-		if c.stopping.Load() && !c.handOver.Load() {
-			// Arrived after we cancelled: back to the queue at once, with a
-			// nack, which does not count as a failed delivery. (A careful
-			// consumer handing over handles it instead: before RabbitMQ 4.3
-			// a nack counts toward x-delivery-count, and this may be a
-			// returned message on its way to the redelivery limit.)
-			_ = d.Nack(false, true)
-			continue
-		}
-		if c.careful && !d.Redelivered {
-			select {
-			case c.calm <- struct{}{}:
-			default: // told already
-			}
-		}
-		if d.Headers != nil && !c.sv.l.countsToldOnce.Load() {
-			c.sv.l.tellDeliveryCounting(d.Headers)
-		}
-		c.inFlight.Add(1)
-		c.pending.Add(1)
-		dd := &delivery{Delivery: d, c: c, received: monotime(), id: d.MessageId, tag: d.DeliveryTag}
 		dd.reader.Store(true)
 		c.current.Store(dd)
 		c.process(dd)
@@ -303,6 +303,40 @@ func (c *consumer) read() {
 		// left behind) finds reader false and starts no second reader.
 	}
 	c.finish()
+}
+
+// admit takes in a delivery just read: it returns it in flight, or nil for
+// one that is not to be handled (nacked here, or left to the broker).
+func (c *consumer) admit(d *amqp.Delivery) *delivery {
+	if c.timedOut.Load() {
+		// The broker has taken back every unacked delivery of this
+		// consumer (a 4.3 consumer timeout) and gives them to another:
+		// handling them here would do the work twice, and settling them
+		// is worse than useless (on RabbitMQ 4.3.6 a late nack or reject
+		// here could make another of them count as a failed delivery).
+		return nil
+	}
+	if c.stopping.Load() && !c.handOver.Load() {
+		// Arrived after we cancelled: back to the queue at once, with a
+		// nack, which does not count as a failed delivery. (A careful
+		// consumer handing over handles it instead: before RabbitMQ 4.3
+		// a nack counts toward x-delivery-count, and this may be a
+		// returned message on its way to the redelivery limit.)
+		_ = d.Nack(false, true)
+		return nil
+	}
+	if c.careful && !d.Redelivered {
+		select {
+		case c.calm <- struct{}{}:
+		default: // told already
+		}
+	}
+	if d.Headers != nil && !c.sv.l.countsToldOnce.Load() {
+		c.sv.l.tellDeliveryCounting(d.Headers)
+	}
+	c.inFlight.Add(1)
+	c.pending.Add(1)
+	return &delivery{Delivery: *d, c: c, received: monotime(), id: d.MessageId, tag: d.DeliveryTag}
 }
 
 // finish runs once the deliveries channel has closed: it waits for the
@@ -346,41 +380,60 @@ func (c *consumer) finish() {
 // handler that ends its goroutine with runtime.Goexit.
 func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 	return func(ctx context.Context, d *amqp.Delivery) error {
-		select {
-		case c.gate <- struct{}{}: // free: the usual case, no select machinery
-		default:
-			if err := c.waitForGate(ctx); err != nil {
-				return err
-			}
+		start, err := c.enter(ctx, 1)
+		if err != nil {
+			return err
 		}
-		select {
-		case <-c.interrupt: // shutdown (or a trip) began while we waited: no new attempt starts
-			<-c.gate
-			return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
-		default:
-		}
-		start := monotime()
-		c.running.Add(1)
-		c.busySince.Store(start)
 		returned := false
 		defer func() {
 			if !returned { // runtime.Goexit in the handler: free the gate for the consumer's other deliveries
-				c.busySince.Store(0)
-				c.running.Add(-1)
-				<-c.gate
+				c.leave(start, 1, false)
 			}
 		}()
-		err := h(ctx, d)
+		err = h(ctx, d)
 		returned = true
+		c.leave(start, 1, true)
+		return err
+	}
+}
+
+// enter takes the consumer's gate for a handler call on n deliveries (1, or
+// a batch's), and returns when the call began; once shutdown (or a trip) has
+// begun, no new call starts.
+func (c *consumer) enter(ctx context.Context, n int) (start int64, err error) {
+	select {
+	case c.gate <- struct{}{}: // free: the usual case, no select machinery
+	default:
+		if err := c.waitForGate(ctx); err != nil {
+			return 0, err
+		}
+	}
+	select {
+	case <-c.interrupt: // shutdown (or a trip) began while we waited: no new attempt starts
+		<-c.gate
+		return 0, &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
+	default:
+	}
+	start = monotime()
+	c.running.Add(int64(n))
+	c.busySince.Store(start)
+	return start, nil
+}
+
+// leave frees the gate after the call enter let in; returned is false for a
+// call that ended its goroutine (runtime.Goexit), which is not counted.
+func (c *consumer) leave(start int64, n int, returned bool) {
+	if returned {
 		end := monotime()
 		c.busyNanos.Add(end - start)
 		c.busySince.Store(0)
-		c.calls.Add(1)
+		c.calls.Add(uint64(n))
 		c.lastActive.Store(end)
-		c.running.Add(-1)
-		<-c.gate
-		return err
+	} else {
+		c.busySince.Store(0)
 	}
+	c.running.Add(-int64(n))
+	<-c.gate
 }
 
 var errShuttingDown = errors.New("shutting down before the handler ran")
@@ -427,6 +480,21 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 	} else {
 		err = c.call(dd, c.handle, d)
 	}
+	c.settle(dd, span, err)
+}
+
+// settle settles dd once its chain has returned err, on the channel it came
+// from, and counts, logs and telemeters the end: an interruption is
+// released, not failed; the kill switch counts the outcome; a redelivered
+// failure waits before its requeue. span is dd's process span, or
+// telemetry.NoSpan for a delivery of a batch (whose span is the batch's):
+// the processing time is recorded for each delivery either way. It returns
+// the settlement made, or the one meant for a delivery that could not be
+// settled (its channel is gone).
+func (c *consumer) settle(dd *delivery, span trace.Span, err error) middleware.Settlement {
+	l := c.sv.l
+	d := &dd.Delivery
+	ctx := dd.Context
 	settlement := middleware.SettlementFor(err)
 	if (settlement == middleware.Requeue || settlement == middleware.Reject) && ctx.Err() != nil {
 		// The listener ended the delivery's context (the shutdown timeout
@@ -438,7 +506,7 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 	}
 	// Processing is over: the span and the duration do not include the
 	// requeue delay that may follow.
-	l.endProcess(ctx, span, began, err, settlement)
+	l.endProcess(ctx, span, dd.received, err, settlement)
 	if l.killSwitch != nil {
 		if o, counted := l.classify(dd, err, settlement); counted && !dd.recorded && l.killSwitch.record(time.Now(), o) {
 			l.stopAllConsumers()
@@ -461,12 +529,12 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 		// The broker took it back when the consumer timed out (see read).
 		l.cfg.logger.Debug("listener: delivery not settled; the broker took it back at the consumer timeout and redelivers it",
 			"queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag)
-		return
+		return settlement
 	}
 	_, serr := middleware.Settle(d, err)
 	if serr != nil {
 		l.cfg.logger.Debug("listener: delivery not settled; its channel is gone and the broker requeues it", "queue", l.queue, "delivery_tag", d.DeliveryTag, "error", serr)
-		return
+		return settlement
 	}
 	switch settlement {
 	case middleware.Ack:
@@ -474,7 +542,7 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 		if dd.recoveredTo != "" {
 			l.recovered(dd)
 		}
-		return
+		return settlement
 	case middleware.Requeue, middleware.Release:
 		l.stats.requeued.Add(1)
 	case middleware.Reject:
@@ -500,6 +568,7 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 			"Recover(topo.RejectToRetry(n, recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())))",
 			"queue", l.queue, "message_id", d.MessageId, "error", errtext.String(err))
 	}
+	return settlement
 }
 
 // redeliversThroughBroker reports whether a recoverer handed the message
@@ -530,7 +599,7 @@ func (c *consumer) goexited(dd *delivery) {
 	}
 	c.current.CompareAndSwap(dd, nil)
 	if dd.reader.CompareAndSwap(true, false) {
-		c.spawnReader()
+		dd.handOff()
 	}
 }
 

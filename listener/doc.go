@@ -88,7 +88,27 @@
 // (a reply, the next part of a batch): one handler runs at a time per
 // consumer, so the message it waits for is either queued behind it on the
 // same consumer or prefetched by another, and it can wait until the consumer
-// timeout. Collect such messages in a store of your own and return.
+// timeout. Collect such messages in a store of your own and return, or let
+// NewBatch collect them.
+//
+// # Batches
+//
+// NewBatch hands a BatchHandler up to a batch size of deliveries at once,
+// or what arrived within a wait after the first, for handlers that write to
+// a database or an API in bulk (Spring AMQP's consumerBatchEnabled with
+// batchSize and receiveTimeout, MassTransit's Batch<T>). Everything else is
+// the same: options, scaling, shutdown, reconnection, kill switch and
+// telemetry. The handler returns nil (all acked), PerMessage(errs) with one
+// result per delivery, or an error or panic that fails the whole batch.
+// Each failed message goes through the middleware alone: its chain's first
+// call returns the error the batch gave it, and the later ones run the
+// handler on a batch of that one message, so Retry(5) means five attempts
+// in all and the Recover at the end gets what still fails; a batch-level
+// failure retries every message alone, which singles out the one that broke
+// it. Failures waiting between retries are parked as a single handler's
+// are: the consumer goes on with the next batches. Prefetch must be at
+// least the batch size. The batch gets one process span with a link to
+// each message's producer.
 //
 // # Consumer timeout
 //
@@ -161,8 +181,10 @@
 //
 // Each delivery gets a CONSUMER span "process <queue>" with OpenTelemetry's
 // messaging attributes, linked to the producer's span from the traceparent
-// header (WithProducerAsParent makes it the parent), and the metrics
-// messaging.process.duration, messaging.client.consumed.messages,
+// header (WithProducerAsParent makes it the parent); in batch mode each batch
+// gets one, with messaging.batch.message_count and a link per message. The
+// metrics are messaging.process.duration and
+// messaging.client.consumed.messages, per message in either mode,
 // amqpretry.consumers.active and amqpretry.deliveries.parked (with a kill
 // switch, amqpretry.killswitch.trips and amqpretry.killswitch.state). The
 // providers (WithTracerProvider, WithMeterProvider, WithPropagators,

@@ -23,6 +23,7 @@ type Listener struct {
 	queue    string
 	mw       middleware.Middleware
 	handler  middleware.Handler
+	batch    *batchConfig // NewBatch's; nil for New
 	cfg      config
 	redacted string
 	tel      *telemetry.Telemetry
@@ -62,7 +63,7 @@ type Listener struct {
 type Stats struct {
 	Consumers int    // consuming now
 	InFlight  int    // received and not settled yet
-	Running   int    // in a handler now
+	Running   int    // in a handler now (in batch mode, the deliveries of the batches running)
 	Parked    int    // in flight but neither running nor queued for a consumer: waiting between retries
 	Handled   uint64 // acked: the chain returned nil (Recovered included)
 	Failed    uint64 // chain returned an error: requeued or rejected
@@ -102,6 +103,13 @@ type counters struct {
 // than the broker's consumer_timeout (WithConsumerTimeout): such delays belong
 // in broker-side retry tiers (package dlx).
 func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...Option) (*Listener, error) {
+	return newListener("New", queue, mw, h, nil, opts)
+}
+
+// newListener is New and NewBatch (batch non-nil; h then stands in for the
+// handler of a failed message's chain, which each consumer builds). who
+// names the constructor in errors.
+func newListener(who, queue string, mw middleware.Middleware, h middleware.Handler, batch *batchConfig, opts []Option) (*Listener, error) {
 	cfg := defaultConfig()
 	for _, opt := range opts {
 		opt(&cfg)
@@ -110,10 +118,13 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 		cfg.max = cfg.min
 	}
 	if queue == "" {
-		cfg.fail("New expects a queue name, got \"\"")
+		cfg.fail("%s expects a queue name, got \"\"", who)
 	}
 	if h == nil {
-		cfg.fail("New expects a non-nil handler")
+		cfg.fail("%s expects a non-nil handler", who)
+	}
+	if batch != nil {
+		batch.check(&cfg)
 	}
 	if cfg.max < cfg.min {
 		cfg.fail("WithMaxConcurrentConsumers expects at least the concurrent consumers (%d), got %d", cfg.min, cfg.max)
@@ -133,12 +144,17 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	var survey chainctx.Survey
 	if h != nil {
 		survey = chainctx.SurveyChain(func() { mw(h) })
-		if wait := survey.Wait; wait >= cfg.consumerTimeout {
-			cfg.fail("the middleware's retries may hold a delivery for %v (their waits, and the handler's Timeouts on every attempt), "+
+		wait, what := survey.Wait, "their waits, and the handler's Timeouts on every attempt"
+		if batch != nil {
+			wait += batch.wait // a delivery may wait that long for its batch to fill
+			what += ", and the batch's wait"
+		}
+		if wait >= cfg.consumerTimeout {
+			cfg.fail("the middleware's retries may hold a delivery for %v (%s), "+
 				"longer than the consumer timeout %v: the broker would close the channel and redeliver it. Use fewer or shorter "+
 				"local retries or a shorter middleware.Timeout, hand longer delays to broker-side retry tiers (package dlx), "+
 				"or raise consumer_timeout and WithConsumerTimeout together",
-				wait, cfg.consumerTimeout)
+				wait, what, cfg.consumerTimeout)
 		}
 	}
 	if len(cfg.errs) > 0 {
@@ -148,7 +164,7 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 		cfg.logger = slog.Default()
 	}
 	l := &Listener{
-		queue: queue, mw: mw, handler: h, cfg: cfg,
+		queue: queue, mw: mw, handler: h, batch: batch, cfg: cfg,
 		redacted:  cfg.conn.Redacted(),
 		consumers: map[*consumer]struct{}{},
 		ready:     newReadiness(),
@@ -195,6 +211,9 @@ func (l *Listener) Stats() Stats {
 			s.Consumers++
 		}
 		inFlight, running, waiting := int(c.inFlight.Load()), int(c.running.Load()), int(c.waiting.Load())
+		if c.b != nil {
+			waiting += int(c.b.collecting.Load()) // read, waiting for their batch to fill
+		}
 		s.InFlight += inFlight
 		s.Running += running
 		s.Parked += max(inFlight-running-waiting, 0)

@@ -17,6 +17,7 @@ const (
 	KeyRetryDelay = "amqpretry.retry.delay" // seconds until the next attempt, on the "retry scheduled" event
 	KeyRetryRule  = "amqpretry.retry.rule"  // the retry rule that decided after a failed attempt
 	KeySettlement = "amqpretry.settlement"  // how the listener settled a delivery
+	KeyBatchIndex = "amqpretry.batch.index" // a message's place in its batch, 0-based, on a batch span's events
 )
 
 // SystemRabbitMQ is the value of messaging.system.

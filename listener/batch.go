@@ -1,0 +1,521 @@
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/chainctx"
+	"github.com/amqpretry/amqpretry/internal/telemetry"
+	"github.com/amqpretry/amqpretry/middleware"
+)
+
+// BatchHandler handles a batch of deliveries at once: one multi-row INSERT,
+// one bulk API call. batch holds 1 to the batch size deliveries, in the
+// order the broker sent them; the slice and the deliveries are the
+// handler's until it returns, and it must not settle them (the listener
+// does).
+//
+// It returns nil when every message is handled: all are acked. It returns
+// PerMessage(errs), with one error per delivery of the batch (nil for a
+// success), when some failed: the successes are acked and each failure goes
+// through the listener's middleware alone (see NewBatch). Any other error,
+// or a panic, fails the whole batch: every message of it goes through the
+// middleware with that error. PerMessage with a slice of another length than
+// the batch's is a mistake that fails the whole batch too, with
+// ErrBatchResults.
+type BatchHandler func(ctx context.Context, batch []*amqp.Delivery) error
+
+// ErrBatchResults is the error the messages of a batch fail with when its
+// BatchHandler returned PerMessage with a slice of another length than the
+// batch's: the listener cannot tell which result is whose.
+var ErrBatchResults = errors.New("listener: the batch handler's results do not match its batch")
+
+// MessageErrors is what PerMessage returns: the result of each message of a
+// batch, Errs[i] for batch[i], nil for a success.
+type MessageErrors struct {
+	Errs []error
+}
+
+// PerMessage reports a batch's results one message at a time: errs[i] is
+// the result of batch[i], nil for a success, and errs must be as long as
+// the batch. It always returns a non-nil *MessageErrors, even when every
+// result is nil (then every message is acked): the listener checks the
+// length before it reads any result.
+func PerMessage(errs []error) error { return &MessageErrors{Errs: errs} }
+
+func (e *MessageErrors) Error() string {
+	failed, first := 0, -1
+	for i, err := range e.Errs {
+		if err != nil {
+			failed++
+			if first < 0 {
+				first = i
+			}
+		}
+	}
+	if failed == 0 {
+		return fmt.Sprintf("listener: none of the %d messages of the batch failed", len(e.Errs))
+	}
+	return fmt.Sprintf("listener: %d of the %d messages of the batch failed; the first, message %d: %s",
+		failed, len(e.Errs), first, errorString(e.Errs[first]))
+}
+
+// errorString is err.Error(), or a stand-in when that panics (a typed nil).
+func errorString(err error) (s string) {
+	defer func() {
+		if v := recover(); v != nil {
+			s = fmt.Sprintf("%T (its Error method panicked: %v)", err, v)
+		}
+	}()
+	return err.Error()
+}
+
+// NewBatch returns a Listener that hands its handler batches of up to size
+// deliveries: a batch is handed on as soon as it is full, or wait after its
+// first delivery arrived with whatever has come by then (Spring AMQP's
+// consumerBatchEnabled with batchSize and receiveTimeout; MassTransit's
+// Batch<T> with MessageLimit and TimeLimit). wait 0 takes only what has
+// arrived already. It also ends early when the consumer can receive no more
+// (every prefetch slot is taken, as by deliveries waiting between retries).
+// Everything else is New's: the options, the scaling (each consumer
+// collects and handles its own batches, one at a time), the shutdown, the
+// reconnection, the kill switch and the telemetry.
+//
+// The messages of a batch that succeeds are acked. A message that fails
+// (its PerMessage error, or the batch's error or panic) goes through mw
+// alone, as a message of New's listener would: mw runs with a handler whose
+// first call returns the error the batch gave the message, and whose later
+// calls run h on a batch of that one message. So Retry(5) means five
+// attempts in all, the batch's counting as the first; a Permanent error, or
+// retries exhausted, goes to the chain's Recover; and failed messages never
+// hold up the next batch: while one waits between retries, the consumer
+// reads and handles the next batches. mw is the policy for failures only:
+// the batch call itself goes through none of it (a middleware.Timeout in mw
+// bounds the retries of one message, not the batch call).
+//
+// A shutdown lets a running batch finish within WithShutdownTimeout, then
+// cancels its context; its failures then go back to the queue with a nack,
+// as New's would, and none reaches the recoverer. A batch that had not
+// started goes back whole. A lost channel takes back whatever is unsettled.
+//
+// The consumer's prefetch (WithPrefetch) must be at least size, or no batch
+// could fill: NewBatch refuses less. Each batch gets one CONSUMER span,
+// "process <queue>", with messaging.batch.message_count and a link to each
+// message's producer span (from its traceparent header); a failed message
+// adds a "message failed" event, and once the last of its messages is
+// settled the span ends, with an error status when any was not acked. The
+// retries of a failed message are attempt spans under it. The listener's
+// metrics count each message, as New's do (Retry's count the attempts of
+// the failed messages, the only ones that go through it).
+// WithProducerAsParent does not apply: a batch has many producers.
+func NewBatch(queue string, mw middleware.Middleware, h BatchHandler, size int, wait time.Duration, opts ...Option) (*Listener, error) {
+	var standIn middleware.Handler
+	if h != nil {
+		standIn = func(context.Context, *amqp.Delivery) error { return nil }
+	}
+	return newListener("NewBatch", queue, mw, standIn, &batchConfig{handler: h, size: size, wait: wait}, opts)
+}
+
+// batchConfig is NewBatch's.
+type batchConfig struct {
+	handler BatchHandler
+	size    int
+	wait    time.Duration
+}
+
+// check records what is wrong with the batch settings against cfg.
+func (b *batchConfig) check(cfg *config) {
+	if b.size < 1 {
+		cfg.fail("NewBatch expects a batch size of at least 1, got %d", b.size)
+	}
+	if b.wait < 0 {
+		cfg.fail("NewBatch expects a batch wait of at least 0, got %v", b.wait)
+	}
+	if b.size > cfg.prefetch && cfg.prefetch > 0 {
+		cfg.fail("NewBatch: a batch size of %d needs WithPrefetch(%d) or more, got a prefetch of %d: "+
+			"the broker sends a consumer no more than its prefetch of unacked messages, so no batch could fill", b.size, b.size, cfg.prefetch)
+	}
+}
+
+// batchConsumer is a consumer's batch-mode state.
+type batchConsumer struct {
+	h     BatchHandler
+	size  int
+	wait  time.Duration
+	timer *time.Timer // the current reader's, for the wait
+	// alone runs the handler on a batch of one, for the retries of a
+	// failed message: gated(batchOfOne).
+	alone middleware.Handler
+	// collecting: deliveries read for a batch that has not started yet,
+	// for Stats (neither running nor parked).
+	collecting atomic.Int64
+}
+
+func newBatchConsumer(c *consumer) *batchConsumer {
+	l := c.sv.l
+	b := &batchConsumer{h: l.batch.handler, size: l.batch.size, wait: l.batch.wait}
+	b.timer = time.NewTimer(time.Hour)
+	b.timer.Stop()
+	b.alone = c.gated(c.batchOfOne)
+	// A failed message's chain: the batch's error first, then the handler
+	// alone. CatchPanics turns a panic of the handler into an error, and
+	// checks the batch's error as it checks a handler's.
+	c.handle = l.mw(middleware.CatchPanics()(c.retryAlone))
+	return b
+}
+
+// batchRun is one batch, from its collection until its last message is
+// settled. Its failures' chains run one after the other on the reader's
+// goroutine; when one of them parks (WillWait), the goroutine stays with it
+// and a new one runs the rest (from next) before it reads on.
+type batchRun struct {
+	c    *consumer
+	dds  []*delivery
+	msgs []*amqp.Delivery // the handler's batch: dds' deliveries, those past the redelivery limit left out
+
+	// first[i] is what the batch said of dds[i], which its chain's first
+	// call returns (see retryAlone); overLimit[i]: it goes to the recoverer
+	// without running (WithRedeliveryLimit). Written before the failures
+	// run, then each read by its own chain.
+	first     []error
+	overLimit []bool
+	failed    []int // indexes of dds whose chains run, in order
+	next      int   // the next of failed to run
+
+	span      batchSpan
+	unsettled atomic.Int32 // messages not settled yet: the last one ends the span
+	notAcked  atomic.Int32
+}
+
+// spawnBatchReader starts a goroutine that runs the rest of pending's
+// failures (if pending is not nil), then reads batches.
+func (c *consumer) spawnBatchReader(pending *batchRun) {
+	c.sv.consumers.Add(1)
+	go c.readBatches(pending)
+}
+
+// readBatches is read for batch mode.
+func (c *consumer) readBatches(pending *batchRun) {
+	defer c.sv.consumers.Done()
+	if pending != nil && !c.runFailures(pending) {
+		return // one of them parked: another goroutine goes on
+	}
+	for {
+		run, open := c.collect()
+		if run != nil && !c.runBatch(run) {
+			return
+		}
+		if !open {
+			break
+		}
+	}
+	c.finish()
+}
+
+// collect reads the next batch: it waits for a first delivery, then takes
+// what arrives until the batch is full, the wait has passed since the first,
+// the consumer can receive no more (every prefetch slot taken), or it is
+// interrupted. open is false once the deliveries channel has closed; run is
+// nil when nothing was collected.
+func (c *consumer) collect() (run *batchRun, open bool) {
+	b := c.b
+	for run == nil {
+		d, ok := <-c.deliveries
+		if !ok {
+			return nil, false
+		}
+		if dd := c.admit(&d); dd != nil {
+			run = &batchRun{c: c, dds: make([]*delivery, 0, b.size)}
+			run.add(dd)
+		}
+	}
+	if len(run.dds) >= b.size {
+		return run, true
+	}
+	prefetch := int64(c.prefetch)
+	if b.wait == 0 {
+		for len(run.dds) < b.size && c.inFlight.Load() < prefetch {
+			select {
+			case d, ok := <-c.deliveries:
+				if !ok {
+					return run, false
+				}
+				if dd := c.admit(&d); dd != nil {
+					run.add(dd)
+				}
+			default:
+				return run, true
+			}
+		}
+		return run, true
+	}
+	b.timer.Reset(b.wait)
+	defer b.timer.Stop()
+	for len(run.dds) < b.size && c.inFlight.Load() < prefetch {
+		select {
+		case d, ok := <-c.deliveries:
+			if !ok {
+				return run, false
+			}
+			if dd := c.admit(&d); dd != nil {
+				run.add(dd)
+			}
+		case <-b.timer.C:
+			return run, true
+		case <-c.interrupt: // shutdown or a trip: the batch goes back (enter refuses it)
+			return run, true
+		case <-c.ctx.Done(): // the channel died
+			return run, true
+		}
+	}
+	return run, true
+}
+
+func (run *batchRun) add(dd *delivery) {
+	dd.batch, dd.index = run, len(run.dds)
+	run.dds = append(run.dds, dd)
+	run.c.b.collecting.Add(1)
+}
+
+// runBatch handles a collected batch on the reader's goroutine: the
+// handler on the batch, the successes acked, then each failure's chain. It
+// returns false when this goroutine no longer reads: a failure parked.
+func (c *consumer) runBatch(run *batchRun) bool {
+	l := c.sv.l
+	n := len(run.dds)
+	run.unsettled.Store(int32(n))
+	run.first = make([]error, n)
+	c.current.Store(run.dds[0]) // the oldest, for the age watch
+	ctx := run.start(c.ctx)
+	for _, dd := range run.dds {
+		dd.Context = ctx
+	}
+	run.msgs = make([]*amqp.Delivery, 0, n)
+	for i, dd := range run.dds {
+		if _, over := l.overRedeliveryLimit(&dd.Delivery); over {
+			if run.overLimit == nil {
+				run.overLimit = make([]bool, n)
+			}
+			run.overLimit[i] = true
+			continue
+		}
+		run.msgs = append(run.msgs, &dd.Delivery)
+	}
+	called := false
+	defer func() {
+		if !called { // runtime.Goexit in the handler
+			c.batchGoexited(run)
+		}
+	}()
+	results := c.callBatch(ctx, run)
+	called = true
+	c.current.CompareAndSwap(run.dds[0], nil)
+	run.msgs = nil
+	for i, dd := range run.dds {
+		switch {
+		case run.overLimit != nil && run.overLimit[i]:
+			run.failed = append(run.failed, i)
+		case results[i] == nil:
+			c.settleBatched(run, dd, nil)
+			run.dds[i] = nil // a failure's long retries need not keep it
+		default:
+			run.first[i] = results[i]
+			run.failed = append(run.failed, i)
+			run.span.failed(dd, results[i])
+		}
+	}
+	return c.runFailures(run)
+}
+
+// callBatch runs the handler on run's batch under the consumer's gate and
+// returns one result per delivery of run (those past the redelivery limit
+// get nil: they did not run). A panic, or an error other than PerMessage's,
+// is every message's result.
+func (c *consumer) callBatch(ctx context.Context, run *batchRun) []error {
+	n := len(run.msgs)
+	results := make([]error, len(run.dds))
+	if n == 0 {
+		c.b.collecting.Add(-int64(len(run.dds)))
+		return results
+	}
+	start, err := c.enter(ctx, n)
+	c.b.collecting.Add(-int64(len(run.dds)))
+	if err == nil {
+		returned := false
+		func() {
+			defer func() {
+				if !returned { // runtime.Goexit: batchGoexited settles the batch
+					c.leave(start, n, false)
+				}
+			}()
+			err = c.invokeBatch(ctx, run.msgs)
+			returned = true
+		}()
+		c.leave(start, n, true)
+	}
+	perMessage := batchResults(err, n)
+	j := 0
+	for i := range run.dds {
+		if run.overLimit != nil && run.overLimit[i] {
+			continue
+		}
+		results[i] = perMessage(j)
+		j++
+	}
+	return results
+}
+
+// invokeBatch calls the handler; a panic becomes a *middleware.PanicError.
+func (c *consumer) invokeBatch(ctx context.Context, batch []*amqp.Delivery) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &middleware.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return c.b.h(ctx, batch)
+}
+
+// batchResults reads what a handler returned for a batch of n: the result
+// of the i-th message.
+func batchResults(err error, n int) func(i int) error {
+	if err == nil {
+		return func(int) error { return nil }
+	}
+	me, ok := asMessageErrors(err)
+	switch {
+	case !ok:
+		return func(int) error { return err }
+	case len(me.Errs) != n:
+		wrong := fmt.Errorf("%w: PerMessage got %d results for a batch of %d (one per delivery, nil for a success, in the batch's order)",
+			ErrBatchResults, len(me.Errs), n)
+		return func(int) error { return wrong }
+	}
+	return func(i int) error { return me.Errs[i] }
+}
+
+// asMessageErrors finds PerMessage's results in err. An error whose As or
+// Unwrap method panics is taken as it is: a failure of the whole batch
+// (CatchPanics in each message's chain makes it a *middleware.PanicError).
+func asMessageErrors(err error) (me *MessageErrors, ok bool) {
+	defer func() {
+		if recover() != nil {
+			me, ok = nil, false
+		}
+	}()
+	ok = errors.As(err, &me) && me != nil
+	return me, ok
+}
+
+// batchOfOne is the handler of a failed message's retries: the batch
+// handler on a batch of that message alone.
+func (c *consumer) batchOfOne(ctx context.Context, d *amqp.Delivery) error {
+	return batchResults(c.b.h(ctx, []*amqp.Delivery{d}), 1)(0)
+}
+
+// retryAlone is the handler below the middleware of a failed message: its
+// first call returns what the batch said of the message, the later ones
+// run the handler on the message alone.
+func (c *consumer) retryAlone(ctx context.Context, d *amqp.Delivery) error {
+	if dd, ok := ctx.Value(chainctx.WaitHookKey).(*delivery); ok && dd.batch != nil {
+		if err := dd.batch.first[dd.index]; err != nil {
+			dd.batch.first[dd.index] = nil
+			return err
+		}
+	}
+	return c.b.alone(ctx, d)
+}
+
+// runFailures runs the chain of each failed message of run from run.next
+// on, on this goroutine. It returns false when one of them parked: this
+// goroutine stays with it, and the one its WillWait started runs the rest.
+func (c *consumer) runFailures(run *batchRun) bool {
+	for run.next < len(run.failed) {
+		dd := run.dds[run.failed[run.next]]
+		run.next++ // before the chain runs: a WillWait hands the rest over
+		dd.reader.Store(true)
+		c.current.Store(dd)
+		c.processFailed(run, dd)
+		c.current.CompareAndSwap(dd, nil)
+		if !dd.reader.CompareAndSwap(true, false) {
+			return false
+		}
+	}
+	return true
+}
+
+// processFailed runs one failed message of a batch through the chain (or,
+// past the redelivery limit, to the recoverer) and settles it.
+func (c *consumer) processFailed(run *batchRun, dd *delivery) {
+	defer c.pending.Done()
+	defer c.inFlight.Add(-1)
+	defer c.parked.settle(dd)
+	returned := false
+	defer func() {
+		if !returned { // runtime.Goexit in the handler, on a batch of one
+			c.goexited(dd)
+			run.settled(middleware.Requeue)
+		}
+	}()
+	d := &dd.Delivery
+	var err error
+	if run.overLimit != nil && run.overLimit[dd.index] {
+		count, _ := c.sv.l.overRedeliveryLimit(d)
+		err = c.callOverLimit(dd, d, count, run.span.span)
+	} else {
+		err = c.call(dd, c.handle, d)
+	}
+	s := c.settle(dd, telemetry.NoSpan, err)
+	run.span.settled(dd, s)
+	run.settled(s)
+	returned = true
+}
+
+// settleBatched settles a message of run whose batch succeeded for it.
+func (c *consumer) settleBatched(run *batchRun, dd *delivery, err error) {
+	s := c.settle(dd, telemetry.NoSpan, err)
+	c.pending.Done()
+	c.inFlight.Add(-1)
+	dd.place.Store(settled)
+	run.settled(s)
+}
+
+// settled notes that a message of run is settled: the last one ends the
+// batch's span.
+func (run *batchRun) settled(s middleware.Settlement) {
+	if s != middleware.Ack {
+		run.notAcked.Add(1)
+	}
+	if run.unsettled.Add(-1) == 0 {
+		run.span.end(len(run.dds), int(run.notAcked.Load()))
+	}
+}
+
+// batchGoexited runs as the reader's goroutine ends in runtime.Goexit
+// inside the batch handler: every message of the batch goes back to the
+// queue, and a new goroutine reads.
+func (c *consumer) batchGoexited(run *batchRun) {
+	l := c.sv.l
+	l.cfg.logger.Error("listener: a batch handler ended its goroutine with runtime.Goexit (t.FailNow or log.Fatal's kin in a handler?) "+
+		"instead of returning; its messages go back to the queue and the consumer goes on",
+		"queue", l.queue, "batch", len(run.dds))
+	for _, dd := range run.dds {
+		if !c.timedOut.Load() {
+			if _, err := middleware.Settle(&dd.Delivery, errGoexit); err == nil {
+				l.stats.requeued.Add(1)
+				l.stats.failed.Add(1)
+			}
+		}
+		c.pending.Done()
+		c.inFlight.Add(-1)
+		dd.place.Store(settled)
+		run.settled(middleware.Requeue)
+	}
+	c.current.CompareAndSwap(run.dds[0], nil)
+	c.spawnReader()
+}
