@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,6 +35,7 @@ type consumer struct {
 	ctx        context.Context // for its deliveries: cancelled when the channel dies or handlers time out
 	cancel     context.CancelFunc
 	handle     middleware.Handler // mw(gate(CatchPanics(h)))
+	acks       *settler           // settles its deliveries on ch (coalesce.go)
 	gate       chan struct{}
 	spans      spanBuffers // for startProcess, used by the current reader only
 
@@ -116,6 +118,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	ctx, cancel := context.WithCancel(sv.handlerCtx)
 	c := &consumer{
 		sv: sv, ch: ch, tag: tag, cancel: cancel,
+		acks:    l.newSettler(ch, cmp.Or(prefetch, l.cfg.prefetch), tag),
 		gate:    make(chan struct{}, 1),
 		careful: calm != nil, calm: calm, prefetch: prefetch,
 		interrupt: make(chan struct{}),
@@ -137,6 +140,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	l.tel.ActiveConsumers.Add(ctx, 1, l.attrs.queue.Add...)
 
 	c.deliveries, c.ended = deliveries, ended
+	c.acks.start(&sv.consumers)
 	// When the channel dies, its deliveries can no longer be settled (the
 	// broker has requeued them): cancel their handlers and waits at once,
 	// not when the reader next looks, so none of them reaches a recoverer.
@@ -159,6 +163,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 			c.brokerCancelled.Store(true)
 			if l.queueExists(conn) {
 				l.tellConsumerCancelled(c)
+				c.acks.abandon() // the broker took back the deliveries whose acks wait
 				cancel()
 			}
 		case <-c.finished:
@@ -299,6 +304,7 @@ func (c *consumer) read() {
 		}
 		c.inFlight.Add(1)
 		c.pending.Add(1)
+		c.acks.received(d.DeliveryTag)
 		dd := &delivery{Delivery: d, c: c, received: monotime(), id: d.MessageId, tag: d.DeliveryTag}
 		dd.reader.Store(true)
 		c.current.Store(dd)
@@ -335,6 +341,9 @@ func (c *consumer) finish() {
 		c.cancel()
 	}
 	c.pending.Wait()
+	// The handled deliveries whose acks wait go now, before the channel
+	// closes, unless the channel is gone or the broker took them back.
+	c.acks.close(!c.ch.IsClosed() && !c.timedOut.Load())
 	c.cancel()
 	c.sv.closeBounded(c.ch.Close)
 	if c.forget != nil {
@@ -467,18 +476,17 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 	}
 	if c.timedOut.Load() {
 		// The broker took it back when the consumer timed out (see read).
+		c.acks.forget(dd.tag)
 		l.cfg.logger.Debug("listener: delivery not settled; the broker took it back at the consumer timeout and redelivers it",
 			"queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag)
 		return
 	}
-	_, serr := middleware.Settle(d, err)
-	if serr != nil {
+	if serr := c.acks.settle(dd.tag, settlement); serr != nil {
 		l.cfg.logger.Debug("listener: delivery not settled; its channel is gone and the broker requeues it", "queue", l.queue, "delivery_tag", d.DeliveryTag, "error", serr)
 		return
 	}
 	switch settlement {
-	case middleware.Ack:
-		l.stats.handled.Add(1)
+	case middleware.Ack: // counted in Handled as its ack is written
 		if dd.recoveredTo != "" {
 			l.recovered(dd)
 		}
@@ -530,11 +538,11 @@ func (c *consumer) goexited(dd *delivery) {
 	l.cfg.logger.Error("listener: a handler ended its goroutine with runtime.Goexit (t.FailNow or log.Fatal's kin in a handler?) "+
 		"instead of returning; its message goes back to the queue and the consumer goes on",
 		"queue", l.queue, "message_id", dd.MessageId, "delivery_tag", dd.DeliveryTag)
-	if !c.timedOut.Load() {
-		if _, err := middleware.Settle(&dd.Delivery, errGoexit); err == nil {
-			l.stats.requeued.Add(1)
-			l.stats.failed.Add(1)
-		}
+	if c.timedOut.Load() {
+		c.acks.forget(dd.tag)
+	} else if err := c.acks.settle(dd.tag, middleware.SettlementFor(errGoexit)); err == nil {
+		l.stats.requeued.Add(1)
+		l.stats.failed.Add(1)
 	}
 	c.current.CompareAndSwap(dd, nil)
 	if dd.reader.CompareAndSwap(true, false) {
@@ -641,4 +649,15 @@ func (c *consumer) sample(now int64, window time.Duration) (busy float64, calls 
 	calls = n - c.sampledCalls
 	c.sampledBusy, c.sampledCalls = total, n
 	return min(max(busy, 0), 1), calls
+}
+
+// newSettler returns the settler of a consumer on ch at prefetch: it
+// coalesces acks with WithAckCoalescing, at most the prefetch of them (a
+// consumer at prefetch 1 acks each at once).
+func (l *Listener) newSettler(ch amqp.Acknowledger, prefetch int, tag string) *settler {
+	lost := func(n int, err error) {
+		l.cfg.logger.Info("listener: acks of handled deliveries not written: their channel is gone, and the broker redelivers them (WithAckCoalescing)",
+			"queue", l.queue, "consumer", tag, "deliveries", n, "error", err)
+	}
+	return newSettler(ch, &l.stats.handled, min(l.cfg.coalesceAcks, prefetch), l.cfg.coalesceDelay, lost)
 }

@@ -57,7 +57,7 @@ type Stats struct {
 	InFlight  int    // received and not settled yet
 	Running   int    // in a handler now
 	Parked    int    // in flight but neither running nor queued for a consumer: waiting between retries
-	Handled   uint64 // acked: the chain returned nil (Recovered included)
+	Handled   uint64 // acked: the chain returned nil (Recovered included); with WithAckCoalescing, as the acks are written
 	Failed    uint64 // chain returned an error: requeued or rejected
 	Requeued  uint64
 	Rejected  uint64
@@ -111,6 +111,10 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	if cfg.max < cfg.min {
 		cfg.fail("WithMaxConcurrentConsumers expects at least the concurrent consumers (%d), got %d", cfg.min, cfg.max)
 	}
+	if cfg.coalesceAcks > cfg.prefetch && cfg.prefetch > 0 {
+		cfg.fail("WithAckCoalescing expects at most the prefetch (%d) deliveries, got %d: a consumer whose prefetch is full of "+
+			"deliveries waiting for their ack receives no more until the delay passes; a quarter of the prefetch keeps them flowing", cfg.prefetch, cfg.coalesceAcks)
+	}
 	if cfg.max > MaxConsumers {
 		cfg.fail("WithMaxConcurrentConsumers expects at most %d (each consumer is a channel; RabbitMQ allows 2047 per connection), got %d", MaxConsumers, cfg.max)
 	}
@@ -124,7 +128,12 @@ func New(queue string, mw middleware.Middleware, h middleware.Handler, opts ...O
 	var survey chainctx.Survey
 	if h != nil {
 		survey = chainctx.SurveyChain(func() { mw(h) })
-		if wait := survey.Wait; wait >= cfg.consumerTimeout {
+		if wait := survey.Wait; wait < cfg.consumerTimeout && wait+cfg.coalesceDelay >= cfg.consumerTimeout {
+			cfg.fail("the middleware's retries may hold a delivery for %v and WithAckCoalescing may hold its ack %v more, "+
+				"together longer than the consumer timeout %v: the broker would close the channel and redeliver it. "+
+				"Use a shorter delay, fewer or shorter local retries, or raise consumer_timeout and WithConsumerTimeout together",
+				wait, cfg.coalesceDelay, cfg.consumerTimeout)
+		} else if wait >= cfg.consumerTimeout {
 			cfg.fail("the middleware's retries may hold a delivery for %v (their waits, and the handler's Timeouts on every attempt), "+
 				"longer than the consumer timeout %v: the broker would close the channel and redeliver it. Use fewer or shorter "+
 				"local retries or a shorter middleware.Timeout, hand longer delays to broker-side retry tiers (package dlx), "+
