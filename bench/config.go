@@ -19,12 +19,13 @@ const (
 	sectionChain      = "chain"
 	sectionOutbox     = "outbox"
 	sectionRetry      = "retry"
+	sectionCoalesce   = "coalesce"
 	// partRetryMemory is the retry section's parked-messages part, which
 	// -skip can leave out alone.
 	partRetryMemory = "retry-memory"
 )
 
-var sections = []string{sectionThroughput, sectionPoison, sectionSchedule, sectionScale, sectionChain, sectionOutbox, sectionRetry}
+var sections = []string{sectionThroughput, sectionCoalesce, sectionPoison, sectionSchedule, sectionScale, sectionChain, sectionOutbox, sectionRetry}
 
 // Config is everything one run needs. main fills it from flags; the smoke
 // test fills it with tiny numbers.
@@ -95,7 +96,7 @@ func defaultConfig() Config {
 // parseSkip reads -skip's comma list and rejects names it does not know, so
 // that a typo does not silently run everything.
 func parseSkip(list string) (map[string]bool, error) {
-	known := append(append(slices.Clone(sections), variantNames()...), retryVariantNames()...)
+	known := append(append(append(slices.Clone(sections), variantNames()...), coalesceVariantNames()...), retryVariantNames()...)
 	skip := map[string]bool{}
 	for _, name := range strings.Split(list, ",") {
 		name = strings.TrimSpace(name)

@@ -1,5 +1,6 @@
 // Command bench measures amqpretry against raw amqp091-go and Watermill on a
-// live RabbitMQ broker: happy-path throughput, a poison flood to the DLQ, the
+// live RabbitMQ broker: happy-path throughput, ack coalescing (on -url's broker
+// and -retry-url's), a poison flood to the DLQ, the
 // retry schedule's accuracy, the listener's scale-up time, the chain's
 // per-message overhead, the outbox relay against raw confirmed
 // publishing with its commit-to-publish latency (on PostgreSQL, $DATABASE_URL),
@@ -10,8 +11,9 @@
 //
 //	make bench                           # the broker, then the defaults below
 //	go run . -rounds 1 -messages 5000 -skip schedule,watermill
-//	go run . -out /tmp/outbox -skip throughput,poison,schedule,scale,chain,retry   # the outbox alone
-//	go run . -out /tmp/retry -skip throughput,poison,schedule,scale,chain,outbox   # the retry section alone
+//	go run . -out /tmp/outbox -skip throughput,coalesce,poison,schedule,scale,chain,retry   # the outbox alone
+//	go run . -out /tmp/retry -skip throughput,coalesce,poison,schedule,scale,chain,outbox   # the retry section alone
+//	go run . -out /tmp/coalesce -skip throughput,poison,schedule,scale,chain,outbox,retry   # ack coalescing alone
 //
 // Throughput and poison-flood runs are interleaved, each round starting one
 // variant further along (raw, listener, listener-otel, otel-floor, watermill;
@@ -63,13 +65,13 @@ func main() {
 	flag.DurationVar(&cfg.Settle, "settle", cfg.Settle, "pause after filling a queue, before measuring")
 	flag.IntVar(&cfg.OutboxMessages, "outbox-messages", cfg.OutboxMessages, "rows per outbox throughput run (relay and raw publish as many)")
 	flag.IntVar(&cfg.OutboxLatencyMessages, "outbox-latency-messages", cfg.OutboxLatencyMessages, "orders committed one by one for the commit-to-publish latency")
-	flag.StringVar(&cfg.RetryURL, "retry-url", cfg.RetryURL, "the RabbitMQ 4.3 broker of the retry section (skipped, with a note, if it does not answer or is older)")
+	flag.StringVar(&cfg.RetryURL, "retry-url", cfg.RetryURL, "the RabbitMQ 4.3 broker of the retry section (skipped, with a note, if it does not answer or is older) and the second broker of the coalescing section")
 	flag.StringVar(&cfg.RetryCtl, "retry-ctl", cfg.RetryCtl, "the rabbitmqctl command that reaches -retry-url's node, for its queues' memory (empty: none)")
 	flag.IntVar(&cfg.RetryMessages, "retry-messages", cfg.RetryMessages, "messages per retry-flood run (each fails twice, then succeeds)")
 	flag.IntVar(&cfg.RetryParked, "retry-parked", cfg.RetryParked, "messages parked in a long delay for the retry section's memory measurement")
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "directory for results.json and throughput.png")
 	flag.StringVar(&cfg.Profile, "profile", "", "directory for a CPU and an allocation profile of every throughput and poison-flood run (slows them)")
-	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(append(variantNames(), retryVariantNames()...))+") to leave out")
+	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(append(append(variantNames(), coalesceVariantNames()...), retryVariantNames()...))+") to leave out")
 	flag.Parse()
 	var err error
 	if cfg.Skip, err = parseSkip(*skip); err == nil {
@@ -131,6 +133,11 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 	if !cfg.Skip[sectionThroughput] {
 		if r.Throughput, err = compare(ctx, e, sectionThroughput, throughputVariants(e), cfg.Messages); err != nil {
 			return nil, err
+		}
+	}
+	if !cfg.Skip[sectionCoalesce] {
+		if r.Coalesce, err = measureCoalesce(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("coalesce: %w", err)
 		}
 	}
 	if !cfg.Skip[sectionPoison] {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/amqpretry/amqpretry/middleware"
 )
@@ -394,5 +395,14 @@ func BenchmarkSettler(b *testing.B) {
 			s.close(true)
 			wg.Wait()
 		})
+	}
+}
+
+// Every message allocates a delivery: it fits Go's 384-byte size class
+// (448 before what only some deliveries need moved out of it), and GC work
+// grows with every byte.
+func TestDeliveryFitsItsSizeClass(t *testing.T) {
+	if size := unsafe.Sizeof(delivery{}); size > 384 {
+		t.Errorf("a delivery is %d bytes, more than the 384 of its size class: move what few deliveries need behind a pointer", size)
 	}
 }

@@ -62,9 +62,12 @@ type consumer struct {
 	parked         parkedList               // those waiting between attempts, oldest first
 	prefetchWarned bool                     // watchAges's: the prefetch warning was given
 
-	inFlight, running, waiting atomic.Int64
-	busyNanos                  atomic.Int64 // handler time of finished calls
-	busySince                  atomic.Int64 // monotime when the running call started, or 0
+	inFlight, waiting atomic.Int64
+	busyNanos         atomic.Int64 // handler time of finished calls
+	// busySince is the monotime when the running call started, 0 when none
+	// runs: the gate lets one call run at a time, so it also says whether
+	// one does (running).
+	busySince atomic.Int64
 	calls                      atomic.Uint64
 	lastActive                 atomic.Int64 // monotime of the last finished call
 
@@ -205,33 +208,54 @@ func (sv *supervisor) chainContext(ctx context.Context, interrupt <-chan struct{
 
 // delivery is one message in flight. It is also the context its chain runs
 // in (the process span's context plus itself as the chain's wait hook),
-// which saves an allocation per message.
+// which saves an allocation per message. It is allocated for every message,
+// so what only some need (a place in the parked list, a recovery) hangs off
+// it, allocated when needed: 384 bytes rather than 448.
 type delivery struct {
 	context.Context
 	amqp.Delivery
-	c      *consumer
-	reader atomic.Bool // its goroutine is still the consumer's reader
+	c *consumer
 
 	// For the consumer-timeout watch (age.go): copies that the chain cannot
 	// change under it, and its place among the parked deliveries.
-	received   int64 // monotime when it was read
-	id         string
-	tag        uint64
-	place      atomic.Int32 // unlisted, listed, settled
-	prev, next *delivery    // in the parked list, under its lock
-	agedWarned atomic.Bool
+	received int64 // monotime when it was read
+	id       string
+	tag      uint64
+	link     *parkLink // in the parked list, under its lock; nil until it parks
 
+	fate *recovery // nil until its chain hands it to the recoverer
+
+	reader     atomic.Bool  // its goroutine is still the consumer's reader
+	place      atomic.Int32 // unlisted, listed, settled
+	agedWarned atomic.Bool
+}
+
+// parkLink is a parked delivery's place in its consumer's parked list.
+type parkLink struct{ prev, next *delivery }
+
+// recovery is what a delivery whose chain went to the recoverer carries,
+// set and read on the delivery's goroutine.
+type recovery struct {
 	failedFor error // the cause it went to the recoverer with (Recovering), for the kill switch
 	recorded  bool  // the kill switch has counted it already
 
-	recoveredTo string // where its recoverer put it (RecoveredTo), for the log
-	attempts    int    // ... after so many failed attempts
-	deadLetter  bool   // ... as a dead letter, not a retry hop
+	to         string // where its recoverer put it (RecoveredTo), for the log
+	attempts   int    // ... after so many failed attempts
+	deadLetter bool   // ... as a dead letter, not a retry hop
+}
+
+// recovery returns dd's recovery record, making it on first use.
+func (dd *delivery) recovery() *recovery {
+	if dd.fate == nil {
+		dd.fate = &recovery{}
+	}
+	return dd.fate
 }
 
 // RecoveredTo notes where the chain's recoverer put dd.
 func (dd *delivery) RecoveredTo(to string, attempts int, deadLetter bool) {
-	dd.recoveredTo, dd.attempts, dd.deadLetter = to, attempts, deadLetter
+	r := dd.recovery()
+	r.to, r.attempts, r.deadLetter = to, attempts, deadLetter
 }
 
 func (dd *delivery) Value(key any) any {
@@ -246,7 +270,7 @@ func (dd *delivery) Value(key any) any {
 // counted now, before the recoverer runs, so that the failure that trips the
 // switch, and every one after it, goes back to the queue instead.
 func (dd *delivery) Recovering(cause error) error {
-	dd.failedFor = cause
+	dd.recovery().failedFor = cause
 	return dd.c.sv.l.recordFailure(dd, cause)
 }
 
@@ -376,14 +400,12 @@ func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 			return &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
 		default:
 		}
-		start := monotime()
-		c.running.Add(1)
+		start := max(monotime(), 1) // 0 means none runs
 		c.busySince.Store(start)
 		returned := false
 		defer func() {
 			if !returned { // runtime.Goexit in the handler: free the gate for the consumer's other deliveries
 				c.busySince.Store(0)
-				c.running.Add(-1)
 				<-c.gate
 			}
 		}()
@@ -394,13 +416,20 @@ func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 		c.busySince.Store(0)
 		c.calls.Add(1)
 		c.lastActive.Store(end)
-		c.running.Add(-1)
 		<-c.gate
 		return err
 	}
 }
 
 var errShuttingDown = errors.New("shutting down before the handler ran")
+
+// runningNow is how many of c's handler calls run now: 0 or 1.
+func (c *consumer) runningNow() int64 {
+	if c.busySince.Load() != 0 {
+		return 1
+	}
+	return 0
+}
 
 // waitForGate waits for the gate held by another delivery's handler.
 func (c *consumer) waitForGate(ctx context.Context) error {
@@ -457,7 +486,7 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 	// requeue delay that may follow.
 	l.endProcess(ctx, span, began, err, settlement)
 	if l.killSwitch != nil {
-		if o, counted := l.classify(dd, err, settlement); counted && !dd.recorded && l.killSwitch.record(time.Now(), o) {
+		if o, counted := l.classify(dd, err, settlement); counted && (dd.fate == nil || !dd.fate.recorded) && l.killSwitch.record(time.Now(), o) {
 			l.stopAllConsumers()
 		}
 		if (settlement == middleware.Reject || settlement == middleware.Requeue) && l.tripped() {
@@ -487,8 +516,8 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 	}
 	switch settlement {
 	case middleware.Ack: // counted in Handled as its ack is written
-		if dd.recoveredTo != "" {
-			l.recovered(dd)
+		if dd.fate != nil && dd.fate.to != "" {
+			l.recovered(dd.MessageId, dd.fate)
 		}
 		return
 	case middleware.Requeue, middleware.Release:

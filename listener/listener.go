@@ -194,7 +194,7 @@ func (l *Listener) Stats() Stats {
 		if c.consuming.Load() {
 			s.Consumers++
 		}
-		inFlight, running, waiting := int(c.inFlight.Load()), int(c.running.Load()), int(c.waiting.Load())
+		inFlight, running, waiting := int(c.inFlight.Load()), int(c.runningNow()), int(c.waiting.Load())
 		s.InFlight += inFlight
 		s.Running += running
 		s.Parked += max(inFlight-running-waiting, 0)
@@ -365,15 +365,15 @@ func isFatal(err error) bool {
 // recovered counts a delivery its recoverer put elsewhere, and says so for
 // a dead letter: an operator should not learn of failures only by listing
 // the DLQ.
-func (l *Listener) recovered(dd *delivery) {
+func (l *Listener) recovered(messageID string, r *recovery) {
 	l.stats.recovered.Add(1)
-	if !dd.deadLetter {
+	if !r.deadLetter {
 		return
 	}
 	l.stats.deadLettered.Add(1)
 	l.tel.DeadLettered.Add(context.Background(), 1, l.attrs.queue.Add...)
-	l.cfg.logger.Warn("listener: message dead-lettered", "queue", l.queue, "message_id", dd.MessageId, "to", dd.recoveredTo,
-		"attempts", dd.attempts, "error_type", middleware.ErrorType(dd.failedFor), "error", errtext.String(middleware.HandlerError(dd.failedFor)))
+	l.cfg.logger.Warn("listener: message dead-lettered", "queue", l.queue, "message_id", messageID, "to", r.to,
+		"attempts", r.attempts, "error_type", middleware.ErrorType(r.failedFor), "error", errtext.String(middleware.HandlerError(r.failedFor)))
 }
 
 // Queue is the queue the listener consumes.

@@ -137,7 +137,7 @@ func (s *session) carefulIdle() bool {
 	}
 	now := monotime()
 	for _, c := range s.active {
-		if c.running.Load() > 0 || c.current.Load() != nil || time.Duration(now-c.lastActive.Load()) < carefulFor {
+		if c.runningNow() > 0 || c.current.Load() != nil || time.Duration(now-c.lastActive.Load()) < carefulFor {
 			return false
 		}
 	}

@@ -122,8 +122,8 @@ const (
 
 // decision is what happens after a failed attempt.
 type decision struct {
-	retry bool
 	delay time.Duration
+	retry bool
 	stop  stopReason
 }
 
