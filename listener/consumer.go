@@ -67,9 +67,9 @@ type consumer struct {
 	// busySince is the monotime when the running call started, 0 when none
 	// runs: the gate lets one call run at a time, so it also says whether
 	// one does (running).
-	busySince atomic.Int64
-	calls                      atomic.Uint64
-	lastActive                 atomic.Int64 // monotime of the last finished call
+	busySince  atomic.Int64
+	calls      atomic.Uint64
+	lastActive atomic.Int64 // monotime of the last finished call
 
 	// the scaler's previous sample
 	sampledBusy  int64
