@@ -20,12 +20,13 @@ const (
 	sectionOutbox     = "outbox"
 	sectionRetry      = "retry"
 	sectionBatch      = "batch"
+	sectionCoalesce   = "coalesce"
 	// partRetryMemory is the retry section's parked-messages part, which
 	// -skip can leave out alone.
 	partRetryMemory = "retry-memory"
 )
 
-var sections = []string{sectionThroughput, sectionPoison, sectionSchedule, sectionScale, sectionChain, sectionOutbox, sectionRetry, sectionBatch}
+var sections = []string{sectionThroughput, sectionCoalesce, sectionPoison, sectionSchedule, sectionScale, sectionChain, sectionOutbox, sectionRetry, sectionBatch}
 
 // Config is everything one run needs. main fills it from flags; the smoke
 // test fills it with tiny numbers.
@@ -104,7 +105,7 @@ func defaultConfig() Config {
 // parseSkip reads -skip's comma list and rejects names it does not know, so
 // that a typo does not silently run everything.
 func parseSkip(list string) (map[string]bool, error) {
-	known := append(append(append(slices.Clone(sections), variantNames()...), retryVariantNames()...), batchVariantNames()...)
+	known := append(append(append(append(slices.Clone(sections), variantNames()...), coalesceVariantNames()...), retryVariantNames()...), batchVariantNames()...)
 	skip := map[string]bool{}
 	for _, name := range strings.Split(list, ",") {
 		name = strings.TrimSpace(name)

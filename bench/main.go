@@ -1,5 +1,6 @@
 // Command bench measures amqpretry against raw amqp091-go and Watermill on a
-// live RabbitMQ broker: happy-path throughput, a poison flood to the DLQ, the
+// live RabbitMQ broker: happy-path throughput, ack coalescing (on -url's broker
+// and -retry-url's), a poison flood to the DLQ, the
 // retry schedule's accuracy, the listener's scale-up time, the chain's
 // per-message overhead, the outbox relay against raw confirmed
 // publishing with its commit-to-publish latency (on PostgreSQL, $DATABASE_URL),
@@ -13,9 +14,10 @@
 //
 //	make bench                           # the broker, then the defaults below
 //	go run . -rounds 1 -messages 5000 -skip schedule,watermill
-//	go run . -out /tmp/outbox -skip throughput,poison,schedule,scale,chain,retry,batch   # the outbox alone
-//	go run . -out /tmp/retry -skip throughput,poison,schedule,scale,chain,outbox,batch   # the retry section alone
-//	go run . -out /tmp/batch -skip throughput,poison,schedule,scale,chain,outbox,retry   # the batch section alone
+//	go run . -out /tmp/outbox -skip throughput,coalesce,poison,schedule,scale,chain,retry,batch   # the outbox alone
+//	go run . -out /tmp/retry -skip throughput,coalesce,poison,schedule,scale,chain,outbox,batch   # the retry section alone
+//	go run . -out /tmp/batch -skip throughput,coalesce,poison,schedule,scale,chain,outbox,retry   # the batch section alone
+//	go run . -out /tmp/coalesce -skip throughput,poison,schedule,scale,chain,outbox,retry,batch   # ack coalescing alone
 //
 // Throughput and poison-flood runs are interleaved, each round starting one
 // variant further along (raw, listener, listener-otel, otel-floor, watermill;
@@ -68,13 +70,13 @@ func main() {
 	flag.IntVar(&cfg.OutboxMessages, "outbox-messages", cfg.OutboxMessages, "rows per outbox throughput run (relay and raw publish as many)")
 	flag.IntVar(&cfg.OutboxLatencyMessages, "outbox-latency-messages", cfg.OutboxLatencyMessages, "orders committed one by one for the commit-to-publish latency")
 	flag.IntVar(&cfg.BatchMessages, "batch-messages", cfg.BatchMessages, "messages per batch-section run (one INSERT each against one per batch of 100)")
-	flag.StringVar(&cfg.RetryURL, "retry-url", cfg.RetryURL, "the RabbitMQ 4.3 broker of the retry section (skipped, with a note, if it does not answer or is older)")
+	flag.StringVar(&cfg.RetryURL, "retry-url", cfg.RetryURL, "the RabbitMQ 4.3 broker of the retry section (skipped, with a note, if it does not answer or is older) and the second broker of the coalescing section")
 	flag.StringVar(&cfg.RetryCtl, "retry-ctl", cfg.RetryCtl, "the rabbitmqctl command that reaches -retry-url's node, for its queues' memory (empty: none)")
 	flag.IntVar(&cfg.RetryMessages, "retry-messages", cfg.RetryMessages, "messages per retry-flood run (each fails twice, then succeeds)")
 	flag.IntVar(&cfg.RetryParked, "retry-parked", cfg.RetryParked, "messages parked in a long delay for the retry section's memory measurement")
 	flag.StringVar(&cfg.Out, "out", cfg.Out, "directory for results.json and throughput.png")
 	flag.StringVar(&cfg.Profile, "profile", "", "directory for a CPU and an allocation profile of every throughput and poison-flood run (slows them)")
-	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(append(append(variantNames(), retryVariantNames()...), batchVariantNames()...))+") to leave out")
+	skip := flag.String("skip", "", "comma list of sections ("+fmt.Sprint(sections)+") and variants ("+fmt.Sprint(append(append(append(variantNames(), coalesceVariantNames()...), retryVariantNames()...), batchVariantNames()...))+") to leave out")
 	flag.Parse()
 	var err error
 	if cfg.Skip, err = parseSkip(*skip); err == nil {
@@ -136,6 +138,11 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 	if !cfg.Skip[sectionThroughput] {
 		if r.Throughput, err = compare(ctx, e, sectionThroughput, throughputVariants(e), cfg.Messages); err != nil {
 			return nil, err
+		}
+	}
+	if !cfg.Skip[sectionCoalesce] {
+		if r.Coalesce, err = measureCoalesce(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("coalesce: %w", err)
 		}
 	}
 	if !cfg.Skip[sectionPoison] {

@@ -38,6 +38,9 @@ func TestParseSkip(t *testing.T) {
 	if _, err := parseSkip("shedule"); err == nil {
 		t.Error("parseSkip accepted a typo")
 	}
+	if skip, err := parseSkip("coalesce,raw-coalesced,listener-coalesced"); err != nil || len(skip) != 3 {
+		t.Errorf("parseSkip of the coalescing section and its variants = %v, %v", skip, err)
+	}
 }
 
 // The schedule test compares against Retry(5)'s documented waits.

@@ -14,18 +14,19 @@ import (
 
 // Results is everything one run measured; it is written as results.json.
 type Results struct {
-	Machine    Machine        `json:"machine"`
-	Settings   Settings       `json:"settings"`
-	Throughput *Comparison    `json:"throughput,omitempty"`
-	Poison     *Comparison    `json:"poison_flood,omitempty"`
-	Schedule   *Schedule      `json:"retry_schedule,omitempty"`
-	ScaleUp    *ScaleUp       `json:"scale_up,omitempty"`
-	Chain      *ChainOverhead `json:"chain_overhead,omitempty"`
-	Outbox     *OutboxResult  `json:"outbox,omitempty"`
-	Retry      *RetryResult   `json:"retry,omitempty"`
-	Batch      *BatchResult   `json:"batch,omitempty"`
-	Goals      []Goal         `json:"goals,omitempty"`
-	WallSecs   float64        `json:"wall_seconds"`
+	Machine    Machine           `json:"machine"`
+	Settings   Settings          `json:"settings"`
+	Throughput *Comparison       `json:"throughput,omitempty"`
+	Coalesce   []*CoalesceResult `json:"coalesce,omitempty"`
+	Poison     *Comparison       `json:"poison_flood,omitempty"`
+	Schedule   *Schedule         `json:"retry_schedule,omitempty"`
+	ScaleUp    *ScaleUp          `json:"scale_up,omitempty"`
+	Chain      *ChainOverhead    `json:"chain_overhead,omitempty"`
+	Outbox     *OutboxResult     `json:"outbox,omitempty"`
+	Retry      *RetryResult      `json:"retry,omitempty"`
+	Batch      *BatchResult      `json:"batch,omitempty"`
+	Goals      []Goal            `json:"goals,omitempty"`
+	WallSecs   float64           `json:"wall_seconds"`
 }
 
 // Machine says where the numbers come from: they mean little without it.
@@ -108,6 +109,7 @@ func writeMarkdown(w io.Writer, r *Results) {
 		writeComparison(w, c)
 		writeOTelCost(w, c)
 	}
+	writeCoalesce(w, r.Coalesce, r.Settings)
 	if c := r.Poison; c != nil {
 		fmt.Fprintf(w, "## Poison flood: %d messages, all failing for good, each to the DLQ with a confirm (median of %d rounds, each starting one variant further along)\n\n",
 			c.Messages, c.Rounds)

@@ -151,6 +151,7 @@ func TestSmoke(t *testing.T) {
 		t.Error("the skipped retry schedule ran")
 	}
 	checkRetrySmoke(t, res.Retry, out.String(), rounds)
+	checkCoalesceSmoke(t, res.Coalesce, out.String(), rounds)
 	if res.Machine.BrokerVer == "" {
 		t.Error("no broker version in the machine info")
 	}
@@ -251,6 +252,42 @@ func checkRetrySmoke(t *testing.T, rr *RetryResult, report string, rounds int) {
 		"| CPU vs raw-delayed |", "Goals of the retry flood", "median error ms", "messages parked in a 60 s delay"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("the report lacks %q:\n%s", want, report)
+		}
+	}
+}
+
+// checkCoalesceSmoke checks the coalescing section of a smoke run: measured
+// on the main broker, and on the RabbitMQ 4.3 one or skipped with a note.
+func checkCoalesceSmoke(t *testing.T, results []*CoalesceResult, report string, rounds int) {
+	t.Helper()
+	if len(results) != 2 {
+		t.Fatalf("coalescing section on %d brokers, want 2 (-url's and -retry-url's)", len(results))
+	}
+	for i, cr := range results {
+		if cr.Skipped != "" {
+			if i == 0 {
+				t.Errorf("coalescing skipped on the main broker: %s", cr.Skipped)
+			}
+			if !strings.Contains(report, "Skipped: "+cr.Skipped) {
+				t.Errorf("the report does not say why coalescing was skipped on %s", cr.URL)
+			}
+			continue
+		}
+		if cr.Flood == nil || len(cr.Flood.Variants) != 4 || cr.AckEvery != 62 {
+			t.Fatalf("coalescing on %s: %+v", cr.Broker, cr)
+		}
+		for _, v := range cr.Flood.Variants {
+			if len(v.Samples) != rounds || v.MedianMsgPerSec <= 0 || v.MedianCPUPerMsg <= 0 || v.RatioToBaseline <= 0 {
+				t.Errorf("coalescing %s on %s: %+v", v.Name, cr.Broker, v)
+			}
+		}
+		if len(cr.Goals) != 3 || cr.Goals[0].Measured <= 0 || cr.Goals[1].Measured <= 0 || cr.Goals[2].Measured <= 0 {
+			t.Errorf("coalescing goals on %s: %+v", cr.Broker, cr.Goals)
+		}
+		for _, want := range []string{"## Ack coalescing on " + cr.Broker, "| raw-coalesced |", "| listener-coalesced |", "Goals of issue 28 on " + cr.Broker} {
+			if !strings.Contains(report, want) {
+				t.Errorf("the report lacks %q:\n%s", want, report)
+			}
 		}
 	}
 }

@@ -54,9 +54,12 @@ func (p *parkedList) park(dd *delivery) {
 	if !dd.place.CompareAndSwap(unlisted, listed) {
 		return
 	}
-	dd.prev, dd.next = p.last, nil
+	if dd.link == nil {
+		dd.link = &parkLink{}
+	}
+	dd.link.prev, dd.link.next = p.last, nil
 	if p.last != nil {
-		p.last.next = dd
+		p.last.link.next = dd
 	} else {
 		p.first = dd
 	}
@@ -74,17 +77,18 @@ func (p *parkedList) settle(dd *delivery) {
 	if dd.place.Swap(settled) != listed {
 		return
 	}
-	if dd.prev != nil {
-		dd.prev.next = dd.next
+	link := dd.link
+	if link.prev != nil {
+		link.prev.link.next = link.next
 	} else {
-		p.first = dd.next
+		p.first = link.next
 	}
-	if dd.next != nil {
-		dd.next.prev = dd.prev
+	if link.next != nil {
+		link.next.link.prev = link.prev
 	} else {
-		p.last = dd.prev
+		p.last = link.prev
 	}
-	dd.prev, dd.next = nil, nil
+	link.prev, link.next = nil, nil
 }
 
 // oldest is the age at now of the consumer's oldest delivery in flight, 0
@@ -115,7 +119,7 @@ func (c *consumer) aged(now int64, warnAt time.Duration) []*delivery {
 	}
 	c.parked.mu.Lock()
 	defer c.parked.mu.Unlock()
-	for dd := c.parked.first; dd != nil && old(dd); dd = dd.next {
+	for dd := c.parked.first; dd != nil && old(dd); dd = dd.link.next {
 		if !dd.agedWarned.Swap(true) {
 			out = append(out, dd)
 		}

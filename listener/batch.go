@@ -105,7 +105,10 @@ func errorString(err error) (s string) {
 // started goes back whole. A lost channel takes back whatever is unsettled.
 //
 // The consumer's prefetch (WithPrefetch) must be at least size, or no batch
-// could fill: NewBatch refuses less. Each batch gets one CONSUMER span,
+// could fill: NewBatch refuses less. A batch's successes are acked with one
+// basic.ack(multiple=true), as WithAckCoalescing(size, 10ms) does (its
+// trade-off, at most size redeliveries per consumer after a lost
+// connection, included); an explicit WithAckCoalescing sets other bounds. Each batch gets one CONSUMER span,
 // "process <queue>", with messaging.batch.message_count and a link to each
 // message's producer span (from its traceparent header); a failed message
 // adds a "message failed" event, and once the last of its messages is
@@ -141,7 +144,17 @@ func (b *batchConfig) check(cfg *config) {
 		cfg.fail("NewBatch: a batch size of %d needs WithPrefetch(%d) or more, got a prefetch of %d: "+
 			"the broker sends a consumer no more than its prefetch of unacked messages, so no batch could fill", b.size, b.size, cfg.prefetch)
 	}
+	if cfg.coalesceAcks == 0 && b.size >= 2 {
+		// A batch's successes go out as one multiple ack: they are settled
+		// one after another, so the last completes the run at once.
+		cfg.coalesceAcks, cfg.coalesceDelay = b.size, batchAckDelay
+	}
 }
+
+// batchAckDelay bounds how long the acks of a batch's successes may wait
+// when the run they form is cut short (a failure of the batch still
+// retrying before them): then they are acked one by one.
+const batchAckDelay = 10 * time.Millisecond
 
 // batchConsumer is a consumer's batch-mode state.
 type batchConsumer struct {
@@ -505,11 +518,11 @@ func (c *consumer) batchGoexited(run *batchRun) {
 		"instead of returning; its messages go back to the queue and the consumer goes on",
 		"queue", l.queue, "batch", len(run.dds))
 	for _, dd := range run.dds {
-		if !c.timedOut.Load() {
-			if _, err := middleware.Settle(&dd.Delivery, errGoexit); err == nil {
-				l.stats.requeued.Add(1)
-				l.stats.failed.Add(1)
-			}
+		if c.timedOut.Load() {
+			c.acks.forget(dd.tag)
+		} else if err := c.acks.settle(dd.tag, middleware.SettlementFor(errGoexit)); err == nil {
+			l.stats.requeued.Add(1)
+			l.stats.failed.Add(1)
 		}
 		c.pending.Done()
 		c.inFlight.Add(-1)

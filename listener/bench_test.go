@@ -67,47 +67,15 @@ func fill(b *testing.B, q string, n int) {
 // BenchmarkConsume measures draining b.N ready messages, from the first
 // delivery handled to the last, with 2 consumers and
 // the default prefetch: raw amqp091-go (consume, ack one by one) against the
-// listener running Chain(Retry(5), Recover(Republish(...))) with no failures,
-// and NewBatch with the same chain handing batches of 100 to a handler that
-// does nothing: what collecting batches costs beside handling one by one.
+// listener running Chain(Retry(5), Recover(Republish(...))) with no failures;
+// NewBatch with the same chain handing batches of 100 to a handler that does
+// nothing; and with acks coalesced, raw amqp091-go acking every 62nd delivery
+// with multiple set against the listener with WithAckCoalescing(62, 50ms).
 //
 //	go test -run XXX -bench Consume -benchtime 20000x -count 5 ./listener
 func BenchmarkConsume(b *testing.B) {
-	const consumers, prefetch = 2, listener.DefaultPrefetch
-	b.Run("raw", func(b *testing.B) {
-		q := brokertest.Name(b, "q")
-		brokertest.Queue(b, q, nil)
-		fill(b, q, b.N)
-		conn := brokertest.Dial(b)
-		var handled atomic.Int64
-		done := make(chan struct{})
-		var first time.Time
-		var once sync.Once
-		b.ResetTimer()
-		cpu0 := cpuTime()
-		for i := range consumers {
-			ch := brokertest.Channel(b, conn)
-			if err := ch.Qos(prefetch, 0, false); err != nil {
-				b.Fatal(err)
-			}
-			deliveries, err := ch.Consume(q, fmt.Sprint("raw-", i), false, false, false, false, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			go func() {
-				for d := range deliveries {
-					once.Do(func() { first = time.Now() })
-					_ = d.Ack(false)
-					if handled.Add(1) == int64(b.N) {
-						close(done)
-					}
-				}
-			}()
-		}
-		<-done
-		b.StopTimer()
-		report(b, first, cpu0)
-	})
+	const consumers, prefetch, every = 2, listener.DefaultPrefetch, listener.DefaultPrefetch / 4
+	b.Run("raw", func(b *testing.B) { benchRaw(b, consumers, prefetch, 1) })
 	b.Run("listener", func(b *testing.B) { benchListener(b, consumers, prefetch) })
 	b.Run("batch", func(b *testing.B) { benchBatch(b, consumers, prefetch) })
 	b.Run("listener-otel", func(b *testing.B) {
@@ -119,6 +87,50 @@ func BenchmarkConsume(b *testing.B) {
 		defer mp.Shutdown(context.Background())
 		benchListener(b, consumers, prefetch, listener.WithTracerProvider(tp), listener.WithMeterProvider(mp))
 	})
+	b.Run("raw-coalesced", func(b *testing.B) { benchRaw(b, consumers, prefetch, every) })
+	b.Run("listener-coalesced", func(b *testing.B) {
+		benchListener(b, consumers, prefetch, listener.WithAckCoalescing(every, 50*time.Millisecond))
+	})
+}
+
+// benchRaw consumes with amqp091-go alone, acking every every-th delivery
+// with multiple set (each one alone when every is 1).
+func benchRaw(b *testing.B, consumers, prefetch, every int) {
+	q := brokertest.Name(b, "q")
+	brokertest.Queue(b, q, nil)
+	fill(b, q, b.N)
+	conn := brokertest.Dial(b)
+	var handled atomic.Int64
+	done := make(chan struct{})
+	var first time.Time
+	var once sync.Once
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	for i := range consumers {
+		ch := brokertest.Channel(b, conn)
+		if err := ch.Qos(prefetch, 0, false); err != nil {
+			b.Fatal(err)
+		}
+		deliveries, err := ch.Consume(q, fmt.Sprint("raw-", i), false, false, false, false, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		go func() {
+			count := 0
+			for d := range deliveries {
+				once.Do(func() { first = time.Now() })
+				if count++; count%every == 0 {
+					_ = d.Ack(every > 1)
+				}
+				if handled.Add(1) == int64(b.N) {
+					close(done)
+				}
+			}
+		}()
+	}
+	<-done
+	b.StopTimer()
+	report(b, first, cpu0)
 }
 
 type discardExporter struct{}

@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -34,6 +35,7 @@ type consumer struct {
 	cancel     context.CancelFunc
 	handle     middleware.Handler // mw(gate(CatchPanics(h))); in batch mode, the chain of a failed delivery (batch.go)
 	b          *batchConsumer     // batch mode's state (batch.go); nil for a Handler
+	acks       *settler           // settles its deliveries on ch (coalesce.go)
 	gate       chan struct{}
 	spans      spanBuffers // for startProcess, used by the current reader only
 
@@ -60,11 +62,14 @@ type consumer struct {
 	parked         parkedList               // those waiting between attempts, oldest first
 	prefetchWarned bool                     // watchAges's: the prefetch warning was given
 
-	inFlight, running, waiting atomic.Int64
-	busyNanos                  atomic.Int64 // handler time of finished calls
-	busySince                  atomic.Int64 // monotime when the running call started, or 0
-	calls                      atomic.Uint64
-	lastActive                 atomic.Int64 // monotime of the last finished call
+	inFlight, waiting atomic.Int64
+	running           atomic.Int64 // deliveries in the running call: 1, or a batch's
+	busyNanos         atomic.Int64 // handler time of finished calls
+	// busySince is the monotime when the running call started, 0 when none
+	// runs.
+	busySince  atomic.Int64
+	calls      atomic.Uint64
+	lastActive atomic.Int64 // monotime of the last finished call
 
 	// the scaler's previous sample
 	sampledBusy  int64
@@ -110,6 +115,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	ctx, cancel := context.WithCancel(sv.handlerCtx)
 	c := &consumer{
 		sv: sv, ch: ch, tag: tag, cancel: cancel,
+		acks:    l.newSettler(ch, cmp.Or(prefetch, l.cfg.prefetch), tag),
 		gate:    make(chan struct{}, 1),
 		careful: calm != nil, calm: calm, prefetch: prefetch,
 		interrupt: make(chan struct{}),
@@ -135,6 +141,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	l.tel.ActiveConsumers.Add(ctx, 1, l.attrs.queue.Add...)
 
 	c.deliveries, c.ended = deliveries, ended
+	c.acks.start(&sv.consumers)
 	// When the channel dies, its deliveries can no longer be settled (the
 	// broker has requeued them): cancel their handlers and waits at once,
 	// not when the reader next looks, so none of them reaches a recoverer.
@@ -157,6 +164,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 			c.brokerCancelled.Store(true)
 			if l.queueExists(conn) {
 				l.tellConsumerCancelled(c)
+				c.acks.abandon() // the broker took back the deliveries whose acks wait
 				cancel()
 			}
 		case <-c.finished:
@@ -198,37 +206,58 @@ func (sv *supervisor) chainContext(ctx context.Context, interrupt <-chan struct{
 
 // delivery is one message in flight. It is also the context its chain runs
 // in (the process span's context plus itself as the chain's wait hook),
-// which saves an allocation per message.
+// which saves an allocation per message. It is allocated for every message,
+// so what only some need (a place in the parked list, a recovery) hangs off
+// it, allocated when needed: 384 bytes rather than 448.
 type delivery struct {
 	context.Context
 	amqp.Delivery
-	c      *consumer
-	reader atomic.Bool // its goroutine is still the consumer's reader
+	c *consumer
 
 	// For the consumer-timeout watch (age.go): copies that the chain cannot
 	// change under it, and its place among the parked deliveries.
-	received   int64 // monotime when it was read
-	id         string
-	tag        uint64
-	place      atomic.Int32 // unlisted, listed, settled
-	prev, next *delivery    // in the parked list, under its lock
-	agedWarned atomic.Bool
+	received int64 // monotime when it was read
+	id       string
+	tag      uint64
+	link     *parkLink // in the parked list, under its lock; nil until it parks
 
-	failedFor error // the cause it went to the recoverer with (Recovering), for the kill switch
-	recorded  bool  // the kill switch has counted it already
+	fate *recovery // nil until its chain hands it to the recoverer
 
 	// batch mode: the batch it came in and its place there (batch.go)
 	batch *batchRun
 	index int
 
-	recoveredTo string // where its recoverer put it (RecoveredTo), for the log
-	attempts    int    // ... after so many failed attempts
-	deadLetter  bool   // ... as a dead letter, not a retry hop
+	reader     atomic.Bool  // its goroutine is still the consumer's reader
+	place      atomic.Int32 // unlisted, listed, settled
+	agedWarned atomic.Bool
+}
+
+// parkLink is a parked delivery's place in its consumer's parked list.
+type parkLink struct{ prev, next *delivery }
+
+// recovery is what a delivery whose chain went to the recoverer carries,
+// set and read on the delivery's goroutine.
+type recovery struct {
+	failedFor error // the cause it went to the recoverer with (Recovering), for the kill switch
+	recorded  bool  // the kill switch has counted it already
+
+	to         string // where its recoverer put it (RecoveredTo), for the log
+	attempts   int    // ... after so many failed attempts
+	deadLetter bool   // ... as a dead letter, not a retry hop
+}
+
+// recovery returns dd's recovery record, making it on first use.
+func (dd *delivery) recovery() *recovery {
+	if dd.fate == nil {
+		dd.fate = &recovery{}
+	}
+	return dd.fate
 }
 
 // RecoveredTo notes where the chain's recoverer put dd.
 func (dd *delivery) RecoveredTo(to string, attempts int, deadLetter bool) {
-	dd.recoveredTo, dd.attempts, dd.deadLetter = to, attempts, deadLetter
+	r := dd.recovery()
+	r.to, r.attempts, r.deadLetter = to, attempts, deadLetter
 }
 
 func (dd *delivery) Value(key any) any {
@@ -243,7 +272,7 @@ func (dd *delivery) Value(key any) any {
 // counted now, before the recoverer runs, so that the failure that trips the
 // switch, and every one after it, goes back to the queue instead.
 func (dd *delivery) Recovering(cause error) error {
-	dd.failedFor = cause
+	dd.recovery().failedFor = cause
 	return dd.c.sv.l.recordFailure(dd, cause)
 }
 
@@ -336,6 +365,7 @@ func (c *consumer) admit(d *amqp.Delivery) *delivery {
 	}
 	c.inFlight.Add(1)
 	c.pending.Add(1)
+	c.acks.received(d.DeliveryTag)
 	return &delivery{Delivery: *d, c: c, received: monotime(), id: d.MessageId, tag: d.DeliveryTag}
 }
 
@@ -361,6 +391,9 @@ func (c *consumer) finish() {
 		c.cancel()
 	}
 	c.pending.Wait()
+	// The handled deliveries whose acks wait go now, before the channel
+	// closes, unless the channel is gone or the broker took them back.
+	c.acks.close(!c.ch.IsClosed() && !c.timedOut.Load())
 	c.cancel()
 	c.sv.closeBounded(c.ch.Close)
 	if c.forget != nil {
@@ -508,7 +541,7 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) middleware.S
 	// requeue delay that may follow.
 	l.endProcess(ctx, span, dd.received, err, settlement)
 	if l.killSwitch != nil {
-		if o, counted := l.classify(dd, err, settlement); counted && !dd.recorded && l.killSwitch.record(time.Now(), o) {
+		if o, counted := l.classify(dd, err, settlement); counted && (dd.fate == nil || !dd.fate.recorded) && l.killSwitch.record(time.Now(), o) {
 			l.stopAllConsumers()
 		}
 		if (settlement == middleware.Reject || settlement == middleware.Requeue) && l.tripped() {
@@ -527,20 +560,19 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) middleware.S
 	}
 	if c.timedOut.Load() {
 		// The broker took it back when the consumer timed out (see read).
+		c.acks.forget(dd.tag)
 		l.cfg.logger.Debug("listener: delivery not settled; the broker took it back at the consumer timeout and redelivers it",
 			"queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag)
 		return settlement
 	}
-	_, serr := middleware.Settle(d, err)
-	if serr != nil {
+	if serr := c.acks.settle(dd.tag, settlement); serr != nil {
 		l.cfg.logger.Debug("listener: delivery not settled; its channel is gone and the broker requeues it", "queue", l.queue, "delivery_tag", d.DeliveryTag, "error", serr)
 		return settlement
 	}
 	switch settlement {
-	case middleware.Ack:
-		l.stats.handled.Add(1)
-		if dd.recoveredTo != "" {
-			l.recovered(dd)
+	case middleware.Ack: // counted in Handled as its ack is written
+		if dd.fate != nil && dd.fate.to != "" {
+			l.recovered(dd.MessageId, dd.fate)
 		}
 		return settlement
 	case middleware.Requeue, middleware.Release:
@@ -591,11 +623,11 @@ func (c *consumer) goexited(dd *delivery) {
 	l.cfg.logger.Error("listener: a handler ended its goroutine with runtime.Goexit (t.FailNow or log.Fatal's kin in a handler?) "+
 		"instead of returning; its message goes back to the queue and the consumer goes on",
 		"queue", l.queue, "message_id", dd.MessageId, "delivery_tag", dd.DeliveryTag)
-	if !c.timedOut.Load() {
-		if _, err := middleware.Settle(&dd.Delivery, errGoexit); err == nil {
-			l.stats.requeued.Add(1)
-			l.stats.failed.Add(1)
-		}
+	if c.timedOut.Load() {
+		c.acks.forget(dd.tag)
+	} else if err := c.acks.settle(dd.tag, middleware.SettlementFor(errGoexit)); err == nil {
+		l.stats.requeued.Add(1)
+		l.stats.failed.Add(1)
 	}
 	c.current.CompareAndSwap(dd, nil)
 	if dd.reader.CompareAndSwap(true, false) {
@@ -702,4 +734,15 @@ func (c *consumer) sample(now int64, window time.Duration) (busy float64, calls 
 	calls = n - c.sampledCalls
 	c.sampledBusy, c.sampledCalls = total, n
 	return min(max(busy, 0), 1), calls
+}
+
+// newSettler returns the settler of a consumer on ch at prefetch: it
+// coalesces acks with WithAckCoalescing, at most the prefetch of them (a
+// consumer at prefetch 1 acks each at once).
+func (l *Listener) newSettler(ch amqp.Acknowledger, prefetch int, tag string) *settler {
+	lost := func(n int, err error) {
+		l.cfg.logger.Info("listener: acks of handled deliveries not written: their channel is gone, and the broker redelivers them (WithAckCoalescing)",
+			"queue", l.queue, "consumer", tag, "deliveries", n, "error", err)
+	}
+	return newSettler(ch, &l.stats.handled, min(l.cfg.coalesceAcks, prefetch), l.cfg.coalesceDelay, lost)
 }

@@ -47,10 +47,18 @@ func TestSlowHandlerUnderAShortConsumerTimeoutLosesNothing(t *testing.T) {
 				"cancelled a consumer of a queue that still exists", false},
 			{"consumer argument", amqp.Table{"x-queue-type": "quorum"}, []listener.Option{listener.WithConsumerTimeoutArgument(time.Second)},
 				"cancelled a consumer of a queue that still exists", false},
+			{"consumer argument, acks coalesced", amqp.Table{"x-queue-type": "quorum"},
+				[]listener.Option{listener.WithConsumerTimeoutArgument(time.Second), listener.WithAckCoalescing(4, 100*time.Millisecond)},
+				"cancelled a consumer of a queue that still exists", false},
 		}
 	} else {
-		layouts = []layout{{"classic queue argument", amqp.Table{"x-consumer-timeout": int64(1000)}, nil,
-			"stayed unacknowledged past the broker's consumer timeout", false}}
+		layouts = []layout{
+			{"classic queue argument", amqp.Table{"x-consumer-timeout": int64(1000)}, nil,
+				"stayed unacknowledged past the broker's consumer timeout", false},
+			{"classic queue argument, acks coalesced", amqp.Table{"x-consumer-timeout": int64(1000)},
+				[]listener.Option{listener.WithAckCoalescing(4, 100*time.Millisecond)},
+				"stayed unacknowledged past the broker's consumer timeout", false},
+		}
 	}
 	for _, lt := range layouts {
 		t.Run(lt.name, func(t *testing.T) {

@@ -161,6 +161,25 @@
 // again. Stats().KillSwitch shows the state; trips, probes and resumptions
 // are logged. More: docs/kill-switch.md.
 //
+// # Ack coalescing
+//
+// Each ack is a frame, and a write, of its own. WithAckCoalescing(n, d)
+// (Spring AMQP's batchSize on the simple container) lets the acks of up to n
+// handled deliveries per consumer wait, none longer than d, and writes them
+// as one basic.ack with multiple=true: RabbitMQ and the client spend less per
+// message. A multiple ack settles every unsettled delivery of the channel up
+// to its tag, so it only ever covers a run that starts at the channel's
+// oldest unsettled delivery and holds nothing but handled ones: a delivery
+// still in flight (parked between retries) ends the run, and the handled
+// deliveries after it are acked one by one when the bound comes. A failure is
+// rejected or nacked at once, alone, after the run below it. The price is
+// paid on a crash or a lost connection: the broker redelivers the handled
+// messages whose acks were waiting, at most n per consumer, and they are
+// handled again (the at-least-once a handler must bear anyway, more often).
+// A graceful shutdown, a scale-down and a kill-switch trip write the
+// waiting acks before the channel closes; a consumer at prefetch 1 acks each
+// delivery at once.
+//
 // # Connection
 //
 // The listener dials and redials by itself, with exponential backoff and

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -145,4 +146,60 @@ func ExampleGroup() {
 	// order 42
 	// refund 7
 	// Run returned <nil>
+}
+
+// A listener that acks its handled deliveries together: one multiple ack
+// per 62 of them, or per 20ms from the first one waiting; a graceful
+// shutdown writes those still waiting. Stats().Handled counts the acks
+// written.
+func ExampleWithAckCoalescing() {
+	url := os.Getenv("AMQP_URL")
+	if url == "" {
+		url = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	topo := dlx.Topology{Queue: "amqpretry-example.coalesced"}
+	defer deleteTopology(url, topo)
+
+	const n = 100
+	var handled atomic.Int64
+	all := make(chan struct{})
+	handle := func(context.Context, *amqp.Delivery) error {
+		if handled.Add(1) == n {
+			close(all)
+		}
+		return nil
+	}
+	l, err := listener.New(topo.Queue, nil, handle,
+		listener.WithURL(url),
+		listener.WithDeclare(topo.Declare),
+		listener.WithAckCoalescing(62, 20*time.Millisecond),
+		listener.WithLogger(quiet),
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	pub, err := publisher.New(url, publisher.WithLogger(quiet))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pub.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	if err := l.WaitReady(ctx); err != nil {
+		fmt.Println(err)
+	}
+	for i := range n {
+		_ = pub.Publish(ctx, "", topo.Queue, amqp.Publishing{Body: []byte(fmt.Sprint("order ", i))})
+	}
+	<-all
+	cancel()
+	fmt.Println("Run returned", <-done)
+	fmt.Println("handled", handled.Load(), "acked", l.Stats().Handled)
+	// Output:
+	// Run returned <nil>
+	// handled 100 acked 100
 }

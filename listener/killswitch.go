@@ -254,7 +254,7 @@ func (l *Listener) recordFailure(dd *delivery, cause error) error {
 	if l.cfg.killSwitch.IgnorePermanent && middleware.IsPermanent(cause) {
 		return nil // counted as activity when it ends
 	}
-	dd.recorded = true
+	dd.recovery().recorded = true
 	if ks.record(time.Now(), failed) {
 		l.stopAllConsumers()
 	}
@@ -267,7 +267,10 @@ func (l *Listener) recordFailure(dd *delivery, cause error) error {
 // classify tells a delivery's end to the kill switch: counted is false for
 // a release (shutdown, an interrupted wait, the trip itself).
 func (l *Listener) classify(dd *delivery, err error, s middleware.Settlement) (o outcome, counted bool) {
-	cause := dd.failedFor
+	var cause error
+	if dd.fate != nil {
+		cause = dd.fate.failedFor
+	}
 	switch {
 	case s == middleware.Release:
 		return succeeded, false

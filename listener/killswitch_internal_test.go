@@ -109,7 +109,11 @@ func TestKillSwitchClassifiesOutcomes(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := &Listener{cfg: config{killSwitch: &KillSwitch{IgnorePermanent: tt.ignorePermanent}}}
-			o, counted := l.classify(&delivery{failedFor: tt.failedFor}, tt.err, tt.settlement)
+			dd := &delivery{}
+			if tt.failedFor != nil {
+				dd.fate = &recovery{failedFor: tt.failedFor}
+			}
+			o, counted := l.classify(dd, tt.err, tt.settlement)
 			if o != tt.o || counted != tt.counted {
 				t.Errorf("outcome %v, counted %v; want %v, %v", o, counted, tt.o, tt.counted)
 			}

@@ -28,9 +28,11 @@ func TestKillSwitchStopsConsumingDuringAnOutage(t *testing.T) {
 	tests := []struct {
 		name       string
 		killSwitch bool
+		coalesce   bool // WithAckCoalescing: a trip writes the acks that wait; the probe, at prefetch 1, acks each at once
 	}{
-		{"without", false},
-		{"with", true},
+		{"without", false, false},
+		{"with", true, false},
+		{"with acks coalesced", true, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -58,6 +60,9 @@ func TestKillSwitchStopsConsumingDuringAnOutage(t *testing.T) {
 			if tt.killSwitch {
 				opts = append(opts, listener.WithKillSwitch(listener.KillSwitch{
 					TripThreshold: 0.5, ActivationThreshold: 5, TrackingPeriod: 10 * time.Second, RestartTimeout: 200 * time.Millisecond}))
+			}
+			if tt.coalesce {
+				opts = append(opts, listener.WithAckCoalescing(5, 20*time.Millisecond))
 			}
 			publishN(t, q, n)
 			r := start(t, q, chain, handle, opts...)

@@ -65,7 +65,7 @@ type Stats struct {
 	InFlight  int    // received and not settled yet
 	Running   int    // in a handler now (in batch mode, the deliveries of the batches running)
 	Parked    int    // in flight but neither running nor queued for a consumer: waiting between retries
-	Handled   uint64 // acked: the chain returned nil (Recovered included)
+	Handled   uint64 // acked: the chain returned nil (Recovered included); with WithAckCoalescing, as the acks are written
 	Failed    uint64 // chain returned an error: requeued or rejected
 	Requeued  uint64
 	Rejected  uint64
@@ -129,6 +129,10 @@ func newListener(who, queue string, mw middleware.Middleware, h middleware.Handl
 	if cfg.max < cfg.min {
 		cfg.fail("WithMaxConcurrentConsumers expects at least the concurrent consumers (%d), got %d", cfg.min, cfg.max)
 	}
+	if cfg.coalesceAcks > cfg.prefetch && cfg.prefetch > 0 {
+		cfg.fail("WithAckCoalescing expects at most the prefetch (%d) deliveries, got %d: a consumer whose prefetch is full of "+
+			"deliveries waiting for their ack receives no more until the delay passes; a quarter of the prefetch keeps them flowing", cfg.prefetch, cfg.coalesceAcks)
+	}
 	if cfg.max > MaxConsumers {
 		cfg.fail("WithMaxConcurrentConsumers expects at most %d (each consumer is a channel; RabbitMQ allows 2047 per connection), got %d", MaxConsumers, cfg.max)
 	}
@@ -149,7 +153,12 @@ func newListener(who, queue string, mw middleware.Middleware, h middleware.Handl
 			wait += batch.wait // a delivery may wait that long for its batch to fill
 			what += ", and the batch's wait"
 		}
-		if wait >= cfg.consumerTimeout {
+		if wait < cfg.consumerTimeout && wait+cfg.coalesceDelay >= cfg.consumerTimeout {
+			cfg.fail("the middleware's retries may hold a delivery for %v (%s) and WithAckCoalescing may hold its ack %v more, "+
+				"together longer than the consumer timeout %v: the broker would close the channel and redeliver it. "+
+				"Use a shorter delay, fewer or shorter local retries, or raise consumer_timeout and WithConsumerTimeout together",
+				wait, what, cfg.coalesceDelay, cfg.consumerTimeout)
+		} else if wait >= cfg.consumerTimeout {
 			cfg.fail("the middleware's retries may hold a delivery for %v (%s), "+
 				"longer than the consumer timeout %v: the broker would close the channel and redeliver it. Use fewer or shorter "+
 				"local retries or a shorter middleware.Timeout, hand longer delays to broker-side retry tiers (package dlx), "+
@@ -385,15 +394,15 @@ func isFatal(err error) bool {
 // recovered counts a delivery its recoverer put elsewhere, and says so for
 // a dead letter: an operator should not learn of failures only by listing
 // the DLQ.
-func (l *Listener) recovered(dd *delivery) {
+func (l *Listener) recovered(messageID string, r *recovery) {
 	l.stats.recovered.Add(1)
-	if !dd.deadLetter {
+	if !r.deadLetter {
 		return
 	}
 	l.stats.deadLettered.Add(1)
 	l.tel.DeadLettered.Add(context.Background(), 1, l.attrs.queue.Add...)
-	l.cfg.logger.Warn("listener: message dead-lettered", "queue", l.queue, "message_id", dd.MessageId, "to", dd.recoveredTo,
-		"attempts", dd.attempts, "error_type", middleware.ErrorType(dd.failedFor), "error", errtext.String(middleware.HandlerError(dd.failedFor)))
+	l.cfg.logger.Warn("listener: message dead-lettered", "queue", l.queue, "message_id", messageID, "to", r.to,
+		"attempts", r.attempts, "error_type", middleware.ErrorType(r.failedFor), "error", errtext.String(middleware.HandlerError(r.failedFor)))
 }
 
 // Queue is the queue the listener consumes.

@@ -184,5 +184,8 @@ func (l *Listener) endProcess(ctx context.Context, span trace.Span, began int64,
 		}
 	}
 	span.End()
-	l.tel.ProcessDuration.Float64Histogram.Record(ctx, time.Duration(monotime()-began).Seconds(), attrs.Record...)
+	// Without a meter provider that wants it (no SDK), skip the clock read too.
+	if h := l.tel.ProcessDuration.Float64Histogram; h.Enabled(ctx) {
+		h.Record(ctx, time.Duration(monotime()-began).Seconds(), attrs.Record...)
+	}
 }

@@ -8,7 +8,9 @@ import "encoding/binary"
 func (p *Proxy) RecordMethods() { p.record.Store(true) }
 
 // Sent returns how many times clients sent the method, named as in the AMQP
-// 0-9-1 specification ("basic.reject", "basic.nack", "basic.ack").
+// 0-9-1 specification ("basic.reject", "basic.nack", "basic.ack"). An ack
+// with its multiple flag set counts as "basic.ack" and as "basic.ack
+// multiple".
 func (p *Proxy) Sent(method string) int {
 	p.methodsMu.Lock()
 	defer p.methodsMu.Unlock()
@@ -23,6 +25,8 @@ func (p *Proxy) countMethod(name string) {
 	}
 	p.methods[name]++
 }
+
+const basicAck = 60<<16 | 80
 
 // methodNames are the methods a test may ask about, by class and method id.
 var methodNames = map[uint32]string{
@@ -76,6 +80,11 @@ func (m *methodReader) feed(chunk []byte) {
 				name = "unknown"
 			}
 			m.count(name)
+			// basic.ack's arguments: delivery-tag (8 octets), then the
+			// multiple bit.
+			if id == basicAck && size >= 4+8+1 && m.buf[7+4+8]&1 != 0 {
+				m.count("basic.ack multiple")
+			}
 		}
 		m.buf = m.buf[7+size+1:]
 	}
