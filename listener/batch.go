@@ -291,7 +291,8 @@ func (c *consumer) collect() (run *batchRun, open bool) {
 }
 
 func (run *batchRun) add(dd *delivery) {
-	dd.batch, dd.index = run, len(run.dds)
+	r := dd.recovery()
+	r.batch, r.index = run, len(run.dds)
 	run.dds = append(run.dds, dd)
 	run.c.b.collecting.Add(1)
 }
@@ -435,9 +436,10 @@ func (c *consumer) batchOfOne(ctx context.Context, d *amqp.Delivery) error {
 // first call returns what the batch said of the message, the later ones
 // run the handler on the message alone.
 func (c *consumer) retryAlone(ctx context.Context, d *amqp.Delivery) error {
-	if dd, ok := ctx.Value(chainctx.WaitHookKey).(*delivery); ok && dd.batch != nil {
-		if err := dd.batch.first[dd.index]; err != nil {
-			dd.batch.first[dd.index] = nil
+	if dd, ok := ctx.Value(chainctx.WaitHookKey).(*delivery); ok && dd.inBatch() != nil {
+		if run, i := dd.fate.batch, dd.fate.index; run.first[i] != nil {
+			err := run.first[i]
+			run.first[i] = nil
 			return err
 		}
 	}
@@ -477,7 +479,7 @@ func (c *consumer) processFailed(run *batchRun, dd *delivery) {
 	}()
 	d := &dd.Delivery
 	var err error
-	if run.overLimit != nil && run.overLimit[dd.index] {
+	if run.overLimit != nil && run.overLimit[dd.fate.index] {
 		count, _ := c.sv.l.overRedeliveryLimit(d)
 		err = c.callOverLimit(dd, d, count, run.span.span)
 	} else {

@@ -68,7 +68,7 @@ func (run *batchRun) start(ctx context.Context) context.Context {
 // event is about.
 func messageAttrs(dd *delivery, more int) []attribute.KeyValue {
 	attrs := make([]attribute.KeyValue, 0, 3+more)
-	attrs = append(attrs, attribute.Int(AttrBatchIndex, dd.index), semconv.MessagingRabbitMQMessageDeliveryTag(int(dd.tag)))
+	attrs = append(attrs, attribute.Int(AttrBatchIndex, dd.fate.index), semconv.MessagingRabbitMQMessageDeliveryTag(int(dd.tag)))
 	if dd.id != "" {
 		attrs = append(attrs, semconv.MessagingMessageID(dd.id))
 	}

@@ -221,11 +221,7 @@ type delivery struct {
 	tag      uint64
 	link     *parkLink // in the parked list, under its lock; nil until it parks
 
-	fate *recovery // nil until its chain hands it to the recoverer
-
-	// batch mode: the batch it came in and its place there (batch.go)
-	batch *batchRun
-	index int
+	fate *recovery // nil until its chain hands it to the recoverer, or it comes in a batch
 
 	reader     atomic.Bool  // its goroutine is still the consumer's reader
 	place      atomic.Int32 // unlisted, listed, settled
@@ -244,6 +240,18 @@ type recovery struct {
 	to         string // where its recoverer put it (RecoveredTo), for the log
 	attempts   int    // ... after so many failed attempts
 	deadLetter bool   // ... as a dead letter, not a retry hop
+
+	// batch mode: the batch it came in and its place there (batch.go)
+	batch *batchRun
+	index int
+}
+
+// inBatch returns the batch dd came in, nil for a delivery of New's.
+func (dd *delivery) inBatch() *batchRun {
+	if dd.fate == nil {
+		return nil
+	}
+	return dd.fate.batch
 }
 
 // recovery returns dd's recovery record, making it on first use.
@@ -298,8 +306,8 @@ func (dd *delivery) WillWait() {
 // with dd: in batch mode it first runs the chains of the rest of dd's
 // batch's failures.
 func (dd *delivery) handOff() {
-	if dd.batch != nil {
-		dd.c.spawnBatchReader(dd.batch)
+	if run := dd.inBatch(); run != nil {
+		dd.c.spawnBatchReader(run)
 		return
 	}
 	dd.c.spawnReader()
