@@ -596,3 +596,29 @@ func TestBatchConnectionKilledMidBatch(t *testing.T) {
 	})
 	t.Logf("cut after %d of 1000; duplicates (in flight when the connection died, redelivered): %d", atCut, s.duplicates())
 }
+
+// A batch's successes go out as one basic.ack with multiple set, not one
+// ack each: 300 messages in batches of 100 take a handful of ack frames.
+func TestBatchAcksItsSuccessesTogether(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	proxy, url := brokertest.Proxy(t)
+	proxy.RecordMethods()
+	const n, size = 300, 100
+	publishN(t, q, n)
+	var b batches
+	r := startBatch(t, q, nil, func(_ context.Context, batch []*amqp.Delivery) error {
+		b.add(batch)
+		return nil
+	}, size, time.Second, listener.WithURL(url), listener.WithPrefetch(size))
+	brokertest.Eventually(t, 20*time.Second, "every message acked", func() bool { return r.Stats().Handled == n })
+	r.Stop(t)
+	acks, multiple := proxy.Sent("basic.ack"), proxy.Sent("basic.ack multiple")
+	t.Logf("%d messages in %d batches: %d ack frames, %d of them multiple", n, len(b.get()), acks, multiple)
+	if acks > len(b.get())+1 || multiple == 0 {
+		t.Errorf("%d ack frames (%d multiple) for %d messages in %d batches: want about one multiple ack per batch", acks, multiple, n, len(b.get()))
+	}
+	if depth := brokertest.Depth(t, q); depth != 0 {
+		t.Errorf("%d messages back on the queue", depth)
+	}
+}
