@@ -74,6 +74,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/deadletter"
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
@@ -286,49 +287,17 @@ func withChannel(urls []string, f func(*amqp.Channel) error) error {
 	return f(ch)
 }
 
-// peek takes messages without acking them until stop says so, limit are
-// taken or ctx ends; handBack puts them back where they were.
-func peek(ctx context.Context, ch *amqp.Channel, queue string, limit int, stop func(amqp.Delivery) bool) ([]amqp.Delivery, error) {
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		return nil, fmt.Errorf("queue %s: %w", queue, err)
-	}
-	n := q.Messages
-	if limit > 0 {
-		n = min(n, limit)
-	}
-	var out []amqp.Delivery
-	for range n {
-		if err := ctx.Err(); err != nil {
-			handBack(out)
-			return nil, err
-		}
-		d, ok, err := ch.Get(queue, false)
-		if err != nil {
-			handBack(out)
-			return nil, fmt.Errorf("read %s: %w", queue, err)
-		}
-		if !ok {
-			break
-		}
-		out = append(out, d)
-		if stop != nil && stop(d) {
-			break
-		}
-	}
-	return out, nil
-}
-
-// handBack returns peeked messages to their queue with basic.nack(requeue):
-// looking at a message is not its failure, and from RabbitMQ 4.3 a nack,
-// unlike a reject or a closed channel, does not count toward a quorum DLQ's
-// delivery limit. 4.0 counts it: a dlx.Topology's quorum DLQ has a limit too
-// high to reach, any other quorum queue the broker's (20 on 4.x).
-func handBack(msgs []amqp.Delivery) {
-	for _, d := range msgs {
-		_ = d.Nack(false, true)
-	}
-}
+// Looking at a DLQ and reading its fault headers is shared with the console
+// (package deadletter): peek takes messages without acking them, handBack
+// puts them back with basic.nack(requeue), header reads a header as raw text
+// (for matching; print it with shownHeader), originalKey is the routing key
+// a dead letter was first published with.
+var (
+	peek        = deadletter.Peek
+	handBack    = deadletter.HandBack
+	header      = deadletter.Header
+	originalKey = deadletter.OriginalKey
+)
 
 func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix string, asJSON bool, stdout io.Writer) error {
 	msgs, err := peek(ctx, ch, queue, limit, nil)
@@ -514,28 +483,21 @@ func replay(ctx context.Context, urls []string, queue string, limit int, re *reg
 			fmt.Fprintf(stderr, "… %d replayed, %d skipped, %d looked at\n", s.Replayed, s.Skipped, s.Scanned)
 		}
 	}))
-	var stats dlx.ReplayStats
-	left := -1
+	// A queue that is not there is an error, before anything is said of
+	// what was replayed.
+	var res deadletter.Result
 	err = withChannel(urls, func(ch *amqp.Channel) error {
-		// A queue that is not there is an error, before anything is said
-		// of what was replayed.
-		if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
-			return fmt.Errorf("queue %s: %w", queue, err)
-		}
-		stats, err = dlx.Replay(ctx, ch, pub, queue, opts...)
-		if q, qerr := ch.QueueDeclarePassive(queue, true, false, false, false, nil); qerr == nil {
-			left = q.Messages
-		}
+		res, err = deadletter.Replay(ctx, ch, pub, queue, opts...)
 		return err
 	})
-	if stats.Scanned == 0 && err != nil {
+	if res.Scanned == 0 && err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "replayed %d message(s) from %s", stats.Replayed, queue)
-	if stats.Skipped > 0 {
-		fmt.Fprintf(stdout, "; %d looked at and left there (not matching or without a destination)", stats.Skipped)
+	fmt.Fprintf(stdout, "replayed %d message(s) from %s", res.Replayed, queue)
+	if res.Skipped > 0 {
+		fmt.Fprintf(stdout, "; %d looked at and left there (not matching or without a destination)", res.Skipped)
 	}
-	if left >= 0 {
+	if left := res.Left; left >= 0 {
 		fmt.Fprintf(stdout, "; %d message(s) on it now", left)
 		if left > 0 {
 			fmt.Fprintf(stdout, " (amqpretry dlq list %s shows them)", queue)
@@ -545,28 +507,12 @@ func replay(ctx context.Context, urls []string, queue string, limit int, re *reg
 	return err
 }
 
-// header is a header's value as text, raw, for matching: print it with
-// shownHeader.
-func header(d *amqp.Delivery, key string) string {
-	if v, ok := d.Headers[key]; ok && v != nil {
-		return fmt.Sprint(v)
-	}
-	return ""
-}
-
 // shownHeader is a header's value, escaped for one line.
 func shownHeader(d *amqp.Delivery, key string) string {
 	if v, ok := d.Headers[key]; ok && v != nil {
 		return headerValue(v)
 	}
 	return ""
-}
-
-func originalKey(d *amqp.Delivery) string {
-	if k := header(d, recoverer.HeaderOriginalRoutingKey); k != "" {
-		return k
-	}
-	return d.RoutingKey
 }
 
 func orDash(s string) string {

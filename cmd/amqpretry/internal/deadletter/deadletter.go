@@ -1,0 +1,100 @@
+package deadletter
+
+import (
+	"context"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+// Peek takes messages from queue without acking them until stop says so,
+// limit are taken (0: as many as the queue holds) or ctx ends; HandBack puts
+// them back where they were. On an error it has handed back what it took.
+func Peek(ctx context.Context, ch *amqp.Channel, queue string, limit int, stop func(amqp.Delivery) bool) ([]amqp.Delivery, error) {
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("queue %s: %w", queue, err)
+	}
+	n := q.Messages
+	if limit > 0 {
+		n = min(n, limit)
+	}
+	var out []amqp.Delivery
+	for range n {
+		if err := ctx.Err(); err != nil {
+			HandBack(out)
+			return nil, err
+		}
+		d, ok, err := ch.Get(queue, false)
+		if err != nil {
+			HandBack(out)
+			return nil, fmt.Errorf("read %s: %w", queue, err)
+		}
+		if !ok {
+			break
+		}
+		out = append(out, d)
+		if stop != nil && stop(d) {
+			break
+		}
+	}
+	return out, nil
+}
+
+// HandBack returns peeked messages to their queue with basic.nack(requeue):
+// looking at a message is not its failure, and from RabbitMQ 4.3 a nack,
+// unlike a reject or a closed channel, does not count toward a quorum DLQ's
+// delivery limit. 4.0 counts it: a dlx.Topology's quorum DLQ has a limit too
+// high to reach, any other quorum queue the broker's (20 on 4.x).
+func HandBack(msgs []amqp.Delivery) {
+	for _, d := range msgs {
+		_ = d.Nack(false, true)
+	}
+}
+
+// Header is a header's value as text, raw, for matching and grouping: show
+// it escaped (package escape).
+func Header(d *amqp.Delivery, key string) string {
+	if v, ok := d.Headers[key]; ok && v != nil {
+		return fmt.Sprint(v)
+	}
+	return ""
+}
+
+// OriginalKey is the routing key a dead letter was first published with, or
+// its own when the recoverer did not record one.
+func OriginalKey(d *amqp.Delivery) string {
+	if k := Header(d, recoverer.HeaderOriginalRoutingKey); k != "" {
+		return k
+	}
+	return d.RoutingKey
+}
+
+// Result is what a Replay did, and how many messages it left on the queue.
+type Result struct {
+	dlx.ReplayStats
+	// Left is the queue's depth after the replay; -1 when it could not be
+	// read.
+	Left int
+}
+
+// Replay checks that queue exists, runs dlx.Replay on it (each message
+// published with pub and acked on the queue only once confirmed) and reads
+// the depth it leaves. A queue that is not there is an error before anything
+// is taken; otherwise the Result counts what was done even when err is not
+// nil.
+func Replay(ctx context.Context, ch *amqp.Channel, pub recoverer.Publisher, queue string, opts ...dlx.ReplayOption) (Result, error) {
+	res := Result{Left: -1}
+	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+		return res, fmt.Errorf("queue %s: %w", queue, err)
+	}
+	stats, err := dlx.Replay(ctx, ch, pub, queue, opts...)
+	res.ReplayStats = stats
+	if q, qerr := ch.QueueDeclarePassive(queue, true, false, false, false, nil); qerr == nil {
+		res.Left = q.Messages
+	}
+	return res, err
+}

@@ -1,0 +1,5 @@
+// Package deadletter is what the CLI's dlq commands and the console share
+// about a dead-letter queue: looking at its messages without taking them
+// (Peek, HandBack), reading the fault headers a recoverer wrote (Header,
+// OriginalKey), and replaying through dlx.Replay (Replay).
+package deadletter
