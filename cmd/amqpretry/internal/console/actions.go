@@ -1,0 +1,254 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/deadletter"
+	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+// Destination is where a replay sends messages.
+type Destination struct {
+	// Kind is "original" (the queue each message failed on, the default),
+	// "exchange" (the exchange and routing key each was first published
+	// with) or "queue" (Queue, through the default exchange).
+	Kind  string
+	Queue string
+}
+
+func (d Destination) String() string {
+	switch d.Kind {
+	case "exchange":
+		return "their original exchange and routing key"
+	case "queue":
+		return "queue " + d.Queue
+	}
+	return "their original queue"
+}
+
+func (d Destination) option() (dlx.ReplayOption, error) {
+	switch d.Kind {
+	case "", "original":
+		return nil, nil
+	case "exchange":
+		return dlx.ReplayToOriginalExchange(), nil
+	case "queue":
+		if d.Queue == "" {
+			return nil, errors.New("name the queue to replay to")
+		}
+		return dlx.ReplayTo(d.Queue), nil
+	}
+	return nil, fmt.Errorf("unknown destination %q", d.Kind)
+}
+
+// Outcome is what an action did, for the page and the audit log.
+type Outcome struct {
+	Action      string // replay, delete, purge, outbox-retry
+	Queue       string
+	Destination string
+	Requested   int // messages (or rows) asked for; for a purge the queue's depth when it began
+	Done        int // replayed, deleted, purged or retried
+	// Left is how many of those asked for are still on the queue (-1:
+	// unknown), Missing how many were no longer there when the action
+	// looked.
+	Left, Missing int
+	NoDestination int // looked at, matched, left for want of a destination
+	Depth         int // the queue's ready messages after the action; -1 unknown
+	Err           error
+	Time          time.Time
+}
+
+// Summary is the sentence the page shows: "replayed 412, 0 left".
+func (o Outcome) Summary() string {
+	var s string
+	switch o.Action {
+	case "replay":
+		s = fmt.Sprintf("replayed %d, %d left", o.Done, max(o.Left, 0))
+	case "delete":
+		s = fmt.Sprintf("deleted %d, %d left", o.Done, max(o.Left, 0))
+	case "purge":
+		s = fmt.Sprintf("purged %d", o.Done)
+	case "outbox-retry":
+		return fmt.Sprintf("put %d failed row(s) back in flight; a running relay publishes them at once", o.Done)
+	}
+	if o.Queue != "" {
+		s += " on " + o.Queue
+	}
+	if o.Missing > 0 {
+		s += fmt.Sprintf("; %d no longer on the queue", o.Missing)
+	}
+	if o.NoDestination > 0 {
+		s += fmt.Sprintf("; %d without a destination (no original queue recorded: choose a queue)", o.NoDestination)
+	}
+	if o.Depth >= 0 {
+		s += fmt.Sprintf("; the queue holds %d now", o.Depth)
+	}
+	return s
+}
+
+// discard is the publisher of a delete and a purge: dlx.Replay hands it each
+// message it matched and acks that message on the queue once Publish
+// returns, so a delete takes exactly the messages a replay with the same
+// match would, and one cut off halfway leaves the rest where they were.
+type discard struct{}
+
+func (discard) Publish(context.Context, string, string, amqp.Publishing) error { return nil }
+func (discard) FrameMax() int                                                  { return 0 }
+func (discard) Username() string                                               { return "" }
+
+var _ recoverer.Publisher = discard{}
+
+// Replay replays the messages of queue with the given keys (each with how
+// many carry it) to dest, through dlx.Replay: each is published, confirmed,
+// then acked on queue.
+func (c *Console) Replay(ctx context.Context, queue string, keys map[string]int, dest Destination) Outcome {
+	return c.move(ctx, "replay", queue, keys, dest)
+}
+
+// Delete deletes the messages of queue with the given keys, through
+// dlx.Replay's matching: each is taken and acked.
+func (c *Console) Delete(ctx context.Context, queue string, keys map[string]int) Outcome {
+	return c.move(ctx, "delete", queue, keys, Destination{})
+}
+
+func (c *Console) move(ctx context.Context, action, queue string, keys map[string]int, dest Destination) Outcome {
+	out := Outcome{Action: action, Queue: queue, Left: -1, Depth: -1, Time: time.Now()}
+	for _, n := range keys {
+		out.Requested += n
+	}
+	if action == "replay" {
+		out.Destination = dest.String()
+	}
+	if out.Requested == 0 {
+		out.Err = errors.New("no message selected")
+		return out
+	}
+	opts := []dlx.ReplayOption{dlx.ReplayHeaderPrefix(c.prefix), dlx.ReplayLimit(out.Requested)}
+	var pub recoverer.Publisher = discard{}
+	if action == "replay" {
+		opt, err := dest.option()
+		if err != nil {
+			out.Err = err
+			return out
+		}
+		if opt != nil {
+			opts = append(opts, opt)
+		}
+		p, err := c.publisher()
+		if err != nil {
+			out.Err = err
+			return out
+		}
+		pub = p
+	} else {
+		// The destination a discarding publisher is handed: any will do,
+		// but dlx.Replay leaves a message without one where it is.
+		opts = append(opts, dlx.ReplayTo(queue))
+	}
+	// Which messages were matched and done: dlx.Replay calls the match,
+	// then publishes and acks (Replayed counts it) or holds the message for
+	// want of a destination (Skipped counts it), then reports.
+	left := maps.Clone(keys)
+	done := map[string]int{}
+	matched, noDest := 0, 0
+	var last string
+	var prev dlx.ReplayStats
+	opts = append(opts,
+		dlx.ReplayMatch(func(d *amqp.Delivery) bool {
+			k := Key(d)
+			if left[k] <= 0 {
+				last = ""
+				return false
+			}
+			left[k]--
+			matched++
+			last = k
+			return true
+		}),
+		dlx.ReplayProgress(func(s dlx.ReplayStats) {
+			switch {
+			case s.Replayed > prev.Replayed && last != "":
+				done[last]++
+			case s.Skipped > prev.Skipped && last != "":
+				noDest++
+			}
+			last, prev = "", s
+		}))
+	res, err := c.run(ctx, queue, pub, opts)
+	out.Done, out.NoDestination, out.Depth = res.Replayed, noDest, res.Left
+	out.Err = err
+	if err == nil {
+		// The whole queue was looked at, or every message asked for was
+		// found: what was not matched is gone.
+		out.Missing = out.Requested - matched
+		out.Left = matched - out.Done
+	} else if matched > 0 || res.Scanned > 0 {
+		out.Left = out.Requested - out.Done
+	}
+	c.forget(queue, done)
+	return out
+}
+
+// Purge deletes every message that is on queue when it begins, through
+// dlx.Replay with a discarding publisher, one message at a time.
+func (c *Console) Purge(ctx context.Context, queue string) Outcome {
+	out := Outcome{Action: "purge", Queue: queue, Left: -1, Depth: -1, Time: time.Now()}
+	if depth, err := c.Depth(ctx, queue); err == nil {
+		out.Requested = depth
+	}
+	done := map[string]int{}
+	var last string
+	var prev dlx.ReplayStats
+	opts := []dlx.ReplayOption{dlx.ReplayHeaderPrefix(c.prefix), dlx.ReplayTo(queue),
+		dlx.ReplayMatch(func(d *amqp.Delivery) bool { last = Key(d); return true }),
+		dlx.ReplayProgress(func(s dlx.ReplayStats) {
+			if s.Replayed > prev.Replayed {
+				done[last]++
+			}
+			prev = s
+		})}
+	res, err := c.run(ctx, queue, discard{}, opts)
+	out.Done, out.Depth, out.Err = res.Replayed, res.Left, err
+	c.forget(queue, done)
+	return out
+}
+
+// run runs dlx.Replay on queue in its turn, on a channel of its own.
+func (c *Console) run(ctx context.Context, queue string, pub recoverer.Publisher, opts []dlx.ReplayOption) (deadletter.Result, error) {
+	res := deadletter.Result{Left: -1}
+	unlock, err := c.lock(ctx, queue)
+	if err != nil {
+		return res, err
+	}
+	defer unlock()
+	ch, _, err := c.channel(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer ch.Close()
+	return deadletter.Replay(ctx, ch, pub, queue, opts...)
+}
+
+// forget removes from queue's snapshot the messages an action took off it.
+func (c *Console) forget(queue string, done map[string]int) {
+	if len(done) == 0 {
+		return
+	}
+	st := c.state(queue)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st.snap != nil {
+		st.snap = st.snap.without(done)
+	}
+}
+
+// sortedKeys is keys' keys in order, for the audit log.
+func sortedKeys(keys map[string]int) []string { return slices.Sorted(maps.Keys(keys)) }

@@ -1,0 +1,594 @@
+package console
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/escape"
+	"github.com/amqpretry/amqpretry/internal/amqpurl"
+	"github.com/amqpretry/amqpretry/outbox"
+)
+
+// Bounds on what one page lists.
+const (
+	maxGroups       = 200 // groups per queue on the overview
+	messagesPerPage = 500 // messages per page of a group
+	maxConfirmList  = 20  // message ids a confirmation lists
+)
+
+// setBase sets the context actions run under: they outlive the request that
+// started them (a closed tab does not cut a replay short), not the server.
+func (c *Console) setBase(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.baseCtx = ctx
+}
+
+func (c *Console) base() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.baseCtx == nil {
+		return context.Background()
+	}
+	return c.baseCtx
+}
+
+// handler is a page or an action of a signed-in session.
+type handler func(w http.ResponseWriter, r *http.Request, s *session)
+
+func (c *Console) routes() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(staticFiles)))
+	mux.HandleFunc("GET /login", c.loginGet)
+	mux.HandleFunc("POST /login", c.loginPost)
+	mux.Handle("GET /{$}", c.page(c.overview))
+	mux.Handle("GET /group", c.page(c.groupPage))
+	mux.Handle("GET /message", c.page(c.messagePage))
+	mux.Handle("GET /outbox", c.page(c.outboxPage))
+	mux.Handle("GET /result", c.page(c.resultPage))
+	mux.Handle("POST /look", c.change(c.lookPost, true))
+	mux.Handle("POST /logout", c.change(c.logoutPost, true))
+	mux.Handle("POST /act", c.change(c.act, false))
+	mux.Handle("POST /purge", c.change(c.purgePost, false))
+	mux.Handle("POST /outbox/retry", c.change(c.outboxRetry, false))
+	return mux
+}
+
+// page serves h to a signed-in session; anyone else gets 401 and the
+// sign-in form.
+func (c *Console) page(h handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := c.auth.session(r)
+		if s == nil {
+			c.loginForm(w, r, http.StatusUnauthorized, "")
+			return
+		}
+		h(w, r, s)
+	})
+}
+
+// change serves h, a POST that changes something, to a signed-in session
+// only if it comes from the console's own pages (same origin, the session's
+// CSRF token) and, unless allowedReadOnly, the console is not read-only.
+func (c *Console) change(h handler, allowedReadOnly bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := c.auth.session(r)
+		if s == nil {
+			c.loginForm(w, r, http.StatusUnauthorized, "")
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 8<<20)
+		if !sameOrigin(r, c.cfg.SecureCookie) {
+			c.log.Warn("console: refused a cross-origin request", "path", r.URL.Path, "origin", r.Header.Get("Origin"),
+				"sec-fetch-site", r.Header.Get("Sec-Fetch-Site"), "who", s.who, "remote", r.RemoteAddr)
+			c.fail(w, r, s, http.StatusForbidden, "Refused: this request did not come from the console's own pages.")
+			return
+		}
+		if err := r.ParseForm(); err != nil {
+			c.fail(w, r, s, http.StatusBadRequest, "The form could not be read: "+err.Error())
+			return
+		}
+		if !validCSRF(s, r.PostFormValue("csrf")) {
+			c.log.Warn("console: refused a request without the session's CSRF token", "path", r.URL.Path, "who", s.who, "remote", r.RemoteAddr)
+			c.fail(w, r, s, http.StatusForbidden, "Refused: the form's token is missing or stale. Reload the page and try again.")
+			return
+		}
+		if c.cfg.ReadOnly && !allowedReadOnly {
+			c.log.Warn("console: refused an action: read-only", "path", r.URL.Path, "who", s.who, "remote", r.RemoteAddr)
+			c.fail(w, r, s, http.StatusForbidden, "Refused: this console is read-only (amqpretry console --read-only).")
+			return
+		}
+		h(w, r, s)
+	})
+}
+
+func (c *Console) loginGet(w http.ResponseWriter, r *http.Request) {
+	token := r.URL.Query().Get("token")
+	if token == "" {
+		c.loginForm(w, r, http.StatusOK, "")
+		return
+	}
+	c.signIn(w, r, token)
+}
+
+func (c *Console) loginPost(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if !sameOrigin(r, c.cfg.SecureCookie) {
+		c.loginForm(w, r, http.StatusForbidden, "Refused: this request did not come from the console's own pages.")
+		return
+	}
+	c.signIn(w, r, r.PostFormValue("token"))
+}
+
+// signIn exchanges a token for a session cookie, and leaves the token out
+// of the address bar: the page it answers with moves on to the overview,
+// from the console's own origin, which a SameSite=Strict cookie needs on
+// its first use.
+func (c *Console) signIn(w http.ResponseWriter, r *http.Request, token string) {
+	who, ok := c.auth.check(token)
+	if !ok {
+		c.log.Warn("console: refused a token", "remote", r.RemoteAddr)
+		c.loginForm(w, r, http.StatusUnauthorized, "That token is not one of this console's.")
+		return
+	}
+	c.auth.login(w, who)
+	c.log.Info("console: signed in", "who", who, "remote", r.RemoteAddr)
+	c.render.page(w, http.StatusOK, "signedin", c.view(nil, "Signed in", nil))
+}
+
+func (c *Console) loginForm(w http.ResponseWriter, r *http.Request, status int, problem string) {
+	c.render.page(w, status, "login", c.view(nil, "Sign in", struct{ Problem string }{problem}))
+}
+
+func (c *Console) logoutPost(w http.ResponseWriter, r *http.Request, s *session) {
+	c.auth.logout(w, r)
+	c.loginForm(w, r, http.StatusOK, "")
+}
+
+// view is what every page template gets.
+type view struct {
+	Title     string
+	Signed    bool
+	Who       string
+	CSRF      string
+	ReadOnly  bool
+	Broker    string
+	HasOutbox bool
+	Page      any
+}
+
+func (c *Console) view(s *session, title string, page any) view {
+	v := view{Title: title, ReadOnly: c.cfg.ReadOnly, HasOutbox: c.cfg.Outbox != nil, Page: page}
+	redacted := make([]string, len(c.cfg.URLs))
+	for i, u := range c.cfg.URLs {
+		redacted[i] = amqpurl.Redact(u)
+	}
+	v.Broker = strings.Join(redacted, ", ")
+	if s != nil {
+		v.Signed, v.Who, v.CSRF = true, s.who, s.csrf
+	}
+	return v
+}
+
+// fail answers with an error page.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, s *session, status int, problem string) {
+	c.render.page(w, status, "error", c.view(s, http.StatusText(status), struct {
+		Status  int
+		Problem string
+	}{status, c.redact(problem)}))
+}
+
+func groupByOf(r *http.Request) GroupBy {
+	if GroupBy(r.FormValue("by")) == ByStack {
+		return ByStack
+	}
+	return ByCause
+}
+
+// queueView is one queue on the overview.
+type queueView struct {
+	Name       string
+	Depth      int // now; -1 unknown
+	Snap       *Snapshot
+	Err        string
+	Groups     []*Group
+	MoreGroups int
+	Cost       string
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx := r.Context()
+	by := groupByOf(r)
+	queues, listErr := c.Queues(ctx)
+	page := struct {
+		Queues  []queueView
+		ListErr string
+		By      GroupBy
+		Recent  []AuditEntry
+	}{By: by, Recent: c.audit.latest()}
+	if listErr != nil {
+		page.ListErr = c.redact(listErr.Error())
+	}
+	for _, q := range queues {
+		qv := queueView{Name: q, Depth: -1}
+		snap, err := c.Snapshot(ctx, q, false)
+		if err != nil {
+			qv.Err = c.redact(err.Error())
+		} else {
+			qv.Snap = snap
+			groups := Groups(snap.Messages, by)
+			qv.Groups = groups[:min(len(groups), maxGroups)]
+			qv.MoreGroups = len(groups) - len(qv.Groups)
+			qv.Cost = CostNote(snap)
+			if d, err := c.Depth(ctx, q); err == nil {
+				qv.Depth = d
+			}
+		}
+		page.Queues = append(page.Queues, qv)
+	}
+	c.render.page(w, http.StatusOK, "overview", c.view(s, "Dead letters", page))
+}
+
+// findGroup is the group with id in snap grouped by.
+func findGroup(snap *Snapshot, by GroupBy, id string) *Group {
+	for _, g := range Groups(snap.Messages, by) {
+		if g.ID == id {
+			return g
+		}
+	}
+	return nil
+}
+
+func (c *Console) groupPage(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx := r.Context()
+	q, id, by := r.FormValue("q"), r.FormValue("g"), groupByOf(r)
+	if !c.shown(ctx, q) {
+		c.fail(w, r, s, http.StatusNotFound, fmt.Sprintf("%s is not one of this console's queues.", escape.Line(q)))
+		return
+	}
+	snap, err := c.Snapshot(ctx, q, false)
+	if err != nil {
+		c.fail(w, r, s, http.StatusBadGateway, err.Error())
+		return
+	}
+	g := findGroup(snap, by, id)
+	if g == nil {
+		c.fail(w, r, s, http.StatusNotFound, "No such group in the latest look at "+escape.Line(q)+": its messages may have been replayed or deleted.")
+		return
+	}
+	pageNo, _ := strconv.Atoi(r.FormValue("page"))
+	pages := (g.Count() + messagesPerPage - 1) / messagesPerPage
+	pageNo = max(0, min(pageNo, pages-1))
+	from := pageNo * messagesPerPage
+	shown := g.Messages[from:min(len(g.Messages), from+messagesPerPage)]
+	page := struct {
+		Queue    string
+		Snap     *Snapshot
+		Group    *Group
+		By       GroupBy
+		Messages []*Message
+		Shown    int // the page's number, from 1
+		Pages    int
+		Prev     int // the previous page's page parameter; -1 on the first
+		Next     int // the next page's; -1 on the last
+		Cost     string
+	}{q, snap, g, by, shown, pageNo + 1, pages, pageNo - 1, -1, CostNote(snap)}
+	if pageNo+1 < pages {
+		page.Next = pageNo + 1
+	}
+	c.render.page(w, http.StatusOK, "group", c.view(s, "Group", page))
+}
+
+// bodyView is a message body as the message page shows it.
+type bodyView struct {
+	Kind     string // text, json, hex
+	Text     string // escaped
+	NotShown int    // bytes of a hex dump left out
+	CanJSON  bool
+	Binary   bool
+	Size     int
+}
+
+func viewBody(body []byte, asked string) bodyView {
+	v := bodyView{Size: len(body), Binary: escape.IsBinary(body), CanJSON: json.Valid(body)}
+	switch {
+	case asked == "hex" || (asked == "" && v.Binary):
+		v.Kind = "hex"
+		v.Text, v.NotShown = escape.HexDump(body)
+	case (asked == "json" || asked == "") && v.CanJSON:
+		var b bytes.Buffer
+		if err := json.Indent(&b, body, "", "  "); err == nil {
+			v.Kind, v.Text = "json", escape.Block(b.String())
+			break
+		}
+		fallthrough
+	default:
+		v.Kind, v.Text = "text", escape.Block(string(body))
+	}
+	return v
+}
+
+func (c *Console) messagePage(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx := r.Context()
+	q, key := r.FormValue("q"), Unref(r.FormValue("k"))
+	if !c.shown(ctx, q) {
+		c.fail(w, r, s, http.StatusNotFound, fmt.Sprintf("%s is not one of this console's queues.", escape.Line(q)))
+		return
+	}
+	snap, err := c.Snapshot(ctx, q, false)
+	if err != nil {
+		c.fail(w, r, s, http.StatusBadGateway, err.Error())
+		return
+	}
+	msgs := snap.ByKey(key)
+	if len(msgs) == 0 {
+		c.fail(w, r, s, http.StatusNotFound, "No message "+escape.Line(key)+" in the latest look at "+escape.Line(q)+": it may have been replayed or deleted.")
+		return
+	}
+	m := msgs[0]
+	by := groupByOf(r)
+	sig, _ := signatureOf(m, by)
+	page := struct {
+		Queue   string
+		Snap    *Snapshot
+		M       *Message
+		Same    int // messages with the same key
+		Body    bodyView
+		Headers []headerView
+		Deaths  []deathView
+		GroupID string
+		By      GroupBy
+	}{Queue: q, Snap: snap, M: m, Same: len(msgs), Body: viewBody(m.Delivery.Body, r.FormValue("view")),
+		Headers: headersOf(m.Delivery.Headers), Deaths: deathsOf(m.Delivery.Headers),
+		GroupID: groupID(by, m.OriginalQueue, m.ErrorType, sig), By: by}
+	c.render.page(w, http.StatusOK, "message", c.view(s, "Message", page))
+}
+
+// localPath is back if it is a path of this console, else "/": a form's
+// "back" field must not redirect anywhere else.
+func localPath(back string) string {
+	u, err := url.Parse(back)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || !strings.HasPrefix(u.Path, "/") ||
+		strings.HasPrefix(back, "//") || strings.ContainsAny(back, "\\\r\n") {
+		return "/"
+	}
+	return back
+}
+
+func (c *Console) lookPost(w http.ResponseWriter, r *http.Request, s *session) {
+	q := r.PostFormValue("q")
+	if !c.shown(r.Context(), q) {
+		c.fail(w, r, s, http.StatusNotFound, fmt.Sprintf("%s is not one of this console's queues.", escape.Line(q)))
+		return
+	}
+	if _, err := c.Snapshot(r.Context(), q, true); err != nil {
+		c.fail(w, r, s, http.StatusBadGateway, err.Error())
+		return
+	}
+	http.Redirect(w, r, localPath(r.PostFormValue("back")), http.StatusSeeOther)
+}
+
+// act replays or deletes the messages a form names: op is replay-group,
+// replay-selected, delete-group or delete-selected; a group is one of the
+// latest look (g, by), a selection the keys the form lists (k). A delete
+// shows a confirmation first.
+func (c *Console) act(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx := r.Context()
+	q := r.PostFormValue("q")
+	op, scope, _ := strings.Cut(r.PostFormValue("op"), "-")
+	if (op != "replay" && op != "delete") || (scope != "group" && scope != "selected") {
+		c.fail(w, r, s, http.StatusBadRequest, "Unknown action "+escape.Line(r.PostFormValue("op"))+".")
+		return
+	}
+	if !c.shown(ctx, q) {
+		c.fail(w, r, s, http.StatusNotFound, fmt.Sprintf("%s is not one of this console's queues.", escape.Line(q)))
+		return
+	}
+	snap := c.current(q)
+	if snap == nil {
+		c.fail(w, r, s, http.StatusConflict, "Look at "+escape.Line(q)+" first: the console has no snapshot of it.")
+		return
+	}
+	by := groupByOf(r)
+	keys := map[string]int{}
+	var group *Group
+	if scope == "group" {
+		if group = findGroup(snap, by, r.PostFormValue("g")); group == nil {
+			c.fail(w, r, s, http.StatusConflict, "That group is no longer in the latest look at "+escape.Line(q)+": its messages may have been replayed or deleted.")
+			return
+		}
+		keys = group.Keys()
+	} else {
+		for _, ref := range r.PostForm["k"] {
+			k := Unref(ref)
+			keys[k] = max(1, len(snap.ByKey(k)))
+		}
+	}
+	if len(keys) == 0 {
+		c.fail(w, r, s, http.StatusBadRequest, "No message selected: tick the messages to act on, or use the group's buttons.")
+		return
+	}
+	dest := Destination{Kind: r.PostFormValue("to"), Queue: strings.TrimSpace(r.PostFormValue("to_queue"))}
+	if op == "delete" && r.PostFormValue("confirm") != "yes" {
+		c.confirmDelete(w, r, s, q, keys, group, by)
+		return
+	}
+	var out Outcome
+	actx, cancel := context.WithCancel(c.base())
+	defer cancel()
+	if op == "replay" {
+		out = c.Replay(actx, q, keys, dest)
+	} else {
+		out = c.Delete(actx, q, keys)
+	}
+	entry := c.entry(r, s, out)
+	entry.Messages, entry.MessagesNotListed = auditKeys(sortedKeys(keys))
+	if group != nil {
+		entry.Group = group.ID + " " + escape.Line(group.Signature)
+	}
+	c.finish(w, r, s, out, entry)
+}
+
+// confirmDelete shows what a delete would take, with a form that does it.
+func (c *Console) confirmDelete(w http.ResponseWriter, r *http.Request, s *session, q string, keys map[string]int, group *Group, by GroupBy) {
+	sorted := sortedKeys(keys)
+	n := 0
+	for _, k := range sorted {
+		n += keys[k]
+	}
+	page := struct {
+		Queue  string
+		Count  int
+		Group  *Group
+		By     GroupBy
+		Keys   []string // the form's k fields, when not a group
+		Listed []string
+		More   int
+	}{Queue: q, Count: n, Group: group, By: by, Listed: sorted[:min(len(sorted), maxConfirmList)], More: max(0, len(sorted)-maxConfirmList)}
+	if group == nil {
+		for _, k := range sorted {
+			page.Keys = append(page.Keys, Ref(k))
+		}
+	}
+	c.render.page(w, http.StatusOK, "confirm", c.view(s, "Confirm delete", page))
+}
+
+func (c *Console) purgePost(w http.ResponseWriter, r *http.Request, s *session) {
+	q := r.PostFormValue("q")
+	if !c.shown(r.Context(), q) {
+		c.fail(w, r, s, http.StatusNotFound, fmt.Sprintf("%s is not one of this console's queues.", escape.Line(q)))
+		return
+	}
+	if r.PostFormValue("name") != q {
+		c.fail(w, r, s, http.StatusBadRequest, "Nothing was purged: type the queue's name exactly ("+escape.Line(q)+") to purge it.")
+		return
+	}
+	actx, cancel := context.WithCancel(c.base())
+	defer cancel()
+	out := c.Purge(actx, q)
+	c.finish(w, r, s, out, c.entry(r, s, out))
+}
+
+func (c *Console) entry(r *http.Request, s *session, out Outcome) AuditEntry {
+	e := AuditEntry{Time: out.Time.UTC(), Who: s.who, Remote: r.RemoteAddr, Action: out.Action, Queue: out.Queue,
+		Destination: out.Destination, Requested: out.Requested, Done: out.Done, Left: out.Left, Depth: out.Depth,
+		Outcome: "ok", Summary: out.Summary()}
+	if out.Err != nil {
+		e.Outcome, e.Error = "failed", c.redact(out.Err.Error())
+	}
+	return e
+}
+
+// result is what the result page shows of an action.
+type result struct {
+	ID       int
+	Outcome  Outcome
+	Summary  string
+	Error    string
+	AuditErr string
+}
+
+// finish records an action's audit line and sends the browser to its
+// result (POST, redirect, GET: a reload does not do it again).
+func (c *Console) finish(w http.ResponseWriter, r *http.Request, s *session, out Outcome, entry AuditEntry) {
+	res := &result{Outcome: out, Summary: out.Summary(), Error: entry.Error}
+	if err := c.audit.record(entry); err != nil {
+		res.AuditErr = c.redact(err.Error())
+		c.log.Error("console: the audit log could not be written", "err", res.AuditErr, "entry", entry.Summary)
+	}
+	c.log.Info("console: "+out.Action, "who", s.who, "queue", out.Queue, "summary", res.Summary, "error", res.Error)
+	c.mu.Lock()
+	c.resultSeq++
+	res.ID = c.resultSeq
+	c.results[res.ID] = res
+	delete(c.results, res.ID-maxResults)
+	c.mu.Unlock()
+	http.Redirect(w, r, "/result?id="+strconv.Itoa(res.ID), http.StatusSeeOther)
+}
+
+// maxResults is how many results the console keeps for their pages.
+const maxResults = 100
+
+func (c *Console) resultPage(w http.ResponseWriter, r *http.Request, s *session) {
+	id, _ := strconv.Atoi(r.FormValue("id"))
+	c.mu.Lock()
+	res := c.results[id]
+	c.mu.Unlock()
+	if res == nil {
+		c.fail(w, r, s, http.StatusNotFound, "No such result: the console keeps the latest "+strconv.Itoa(maxResults)+".")
+		return
+	}
+	c.render.page(w, http.StatusOK, "result", c.view(s, "Done", res))
+}
+
+func (c *Console) outboxPage(w http.ResponseWriter, r *http.Request, s *session) {
+	if c.cfg.Outbox == nil {
+		c.fail(w, r, s, http.StatusNotFound, "This console shows no outbox: start it with --dsn.")
+		return
+	}
+	ctx := r.Context()
+	page := struct {
+		Table                  string
+		Rows                   []outbox.Row
+		Counted                bool
+		InFlight, Sent, Failed int64
+		Err                    string
+	}{Table: c.cfg.Outbox.Table()}
+	rows, err := c.cfg.Outbox.List(ctx, outbox.ListOptions{Failed: true, Limit: 500})
+	if err == nil {
+		page.Rows = rows
+		var counts map[outbox.Status]int64
+		if counts, err = c.cfg.Outbox.Counts(ctx); err == nil {
+			page.Counted = true
+			page.InFlight, page.Sent, page.Failed = counts[outbox.StatusInFlight], counts[outbox.StatusSent], counts[outbox.StatusFailed]
+		}
+	}
+	if err != nil {
+		page.Err = c.redact(err.Error())
+	}
+	c.render.page(w, http.StatusOK, "outbox", c.view(s, "Outbox", page))
+}
+
+func (c *Console) outboxRetry(w http.ResponseWriter, r *http.Request, s *session) {
+	if c.cfg.Outbox == nil {
+		c.fail(w, r, s, http.StatusNotFound, "This console shows no outbox: start it with --dsn.")
+		return
+	}
+	actx, cancel := context.WithCancel(c.base())
+	defer cancel()
+	out := Outcome{Action: "outbox-retry", Left: -1, Depth: -1, Time: time.Now()}
+	var entry AuditEntry
+	if r.PostFormValue("all") == "yes" {
+		n, err := c.cfg.Outbox.RetryAllFailed(actx)
+		out.Done, out.Requested, out.Err = n, n, err
+		entry = c.entry(r, s, out)
+		entry.Messages = []string{"all failed rows of " + c.cfg.Outbox.Table()}
+	} else {
+		var ids []string
+		for _, raw := range r.PostForm["id"] {
+			id, err := strconv.ParseInt(raw, 10, 64)
+			if err != nil || id < 1 {
+				c.fail(w, r, s, http.StatusBadRequest, escape.Line(raw)+" is not a row id.")
+				return
+			}
+			out.Requested++
+			if err := c.cfg.Outbox.Retry(actx, id); err != nil {
+				out.Err = errors.Join(out.Err, err)
+				continue
+			}
+			out.Done++
+			ids = append(ids, "row:"+raw)
+		}
+		entry = c.entry(r, s, out)
+		entry.Messages = ids
+	}
+	c.finish(w, r, s, out, entry)
+}
