@@ -56,6 +56,7 @@ func init() {
 		{"outbox counts", "count an outbox table's rows by status", outboxCountsUsage, outboxCounts},
 		{"outbox retry", "put failed outbox rows back in flight", outboxRetryUsage, outboxRetry},
 		{"outbox schema", "print the DDL of the outbox and inbox tables", outboxSchemaUsage, outboxSchema},
+		{"console", "serve a web page of dead letters grouped by cause, to look at and replay them", consoleUsage, runConsole},
 		{"version", "print the version of amqpretry", "amqpretry version\n\nPrints the module version amqpretry was built from ((devel) for a build of a checkout).", runVersion},
 		{"help", "list the commands, or show one command's usage and flags", "amqpretry help [COMMAND]\n\nWithout COMMAND, lists the commands; with one (amqpretry help dlq list), shows its usage and flags, as amqpretry COMMAND --help does.", runHelp},
 	}

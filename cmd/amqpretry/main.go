@@ -12,6 +12,8 @@
 //	amqpretry outbox retry  ID | --all-failed               put failed rows back in flight
 //	amqpretry outbox schema [--inbox-table NAME]            the DDL of the outbox and inbox tables
 //
+//	amqpretry console --queue DLQ [--queue DLQ...]          a web page: dead letters grouped by cause, replayed from it
+//
 //	amqpretry version | help [COMMAND] | COMMAND --help
 //
 // Install it with
