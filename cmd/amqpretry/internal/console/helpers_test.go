@@ -176,13 +176,15 @@ func serve(t testing.TB, cfg Config) *server {
 	return s
 }
 
-// client is a browser-like client of a console: it keeps cookies and says
-// where its requests come from, as a browser does.
+// client is a browser-like client of a console: it keeps cookies and, on
+// a POST, says where it comes from as Chromium does from a page of the
+// console: Sec-Fetch-Site: same-origin, and "Origin: null", since the
+// console's Referrer-Policy is no-referrer.
 type client struct {
-	t      testing.TB
-	s      *server
-	http   *http.Client
-	origin string // sent as Origin on POSTs; "" sends none
+	t        testing.TB
+	s        *server
+	http     *http.Client
+	fromPage bool // send the headers of a POST from the console's page
 }
 
 // signIn returns a client signed in with the console's token.
@@ -199,7 +201,7 @@ func (s *server) signIn(t testing.TB) *client {
 // anonymous returns a client without a session.
 func (s *server) anonymous(t testing.TB) *client {
 	jar, _ := cookiejar.New(nil)
-	return &client{t: t, s: s, origin: s.url, http: &http.Client{Jar: jar,
+	return &client{t: t, s: s, fromPage: true, http: &http.Client{Jar: jar,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
@@ -226,7 +228,7 @@ func (c *client) get(path string) (*http.Response, string) {
 	return c.do(req)
 }
 
-// post sends form to path, from c.origin, with the session's CSRF token
+// post sends form to path, as from the console's page, with the session's CSRF token
 // unless form has one; it follows a 303 to its page.
 func (c *client) post(path string, form url.Values) (*http.Response, string) {
 	c.t.Helper()
@@ -238,8 +240,8 @@ func (c *client) post(path string, form url.Values) (*http.Response, string) {
 		c.t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	if c.origin != "" {
-		req.Header.Set("Origin", c.origin)
+	if c.fromPage {
+		req.Header.Set("Origin", "null")
 		req.Header.Set("Sec-Fetch-Site", "same-origin")
 	}
 	resp, body := c.do(req)

@@ -183,14 +183,20 @@ func (s hostSet) allows(host string) bool {
 }
 
 // sameOrigin reports whether a state-changing request comes from the
-// console's own pages. Browsers say where a request comes from in
-// Sec-Fetch-Site (anything but same-origin is refused: a page of another
-// port on the same host is same-site, and would carry a SameSite=Strict
-// cookie) and in Origin (it must be this scheme and Host); a client that
-// sends neither is not a browser acting for another site.
+// console's own pages, as browsers tell: Sec-Fetch-Site, which a page
+// cannot set, must be same-origin (a page on another port of the same host
+// is same-site, and would carry a SameSite=Strict cookie along) or none (the
+// user's own doing, not a page's). A browser too old to send it sends
+// Origin, which must then be this scheme and Host. A client that sends
+// neither is not a browser acting for a page. The CSRF token is checked
+// besides.
+//
+// Origin alone cannot decide: under Referrer-Policy: no-referrer (the
+// console's) a browser sends "Origin: null" with a form POST of the
+// console's own page.
 func sameOrigin(r *http.Request, https bool) bool {
-	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
-		return false
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
+		return site == "same-origin" || site == "none"
 	}
 	origin := r.Header.Get("Origin")
 	if origin == "" {
@@ -198,12 +204,14 @@ func sameOrigin(r *http.Request, https bool) bool {
 	}
 	u, err := url.Parse(origin)
 	if err != nil {
-		return false // "null" (a sandboxed frame, a data: page) included
+		return false
 	}
 	scheme := "http"
 	if https {
 		scheme = "https"
 	}
+	// "null" (an opaque origin: a sandboxed frame, a data: page) has no
+	// scheme and fails here.
 	return u.Scheme == scheme && strings.EqualFold(u.Host, r.Host) && u.Path == "" && u.User == nil
 }
 

@@ -158,6 +158,8 @@ func TestCrossOriginPostRefused(t *testing.T) {
 		{name: "cross-site page", origin: "https://evil.example", site: "cross-site", wantStatus: 403, wantInProblem: "did not come from"},
 		{name: "Origin only", origin: "http://localhost:1", wantStatus: 403, wantInProblem: "did not come from"},
 		{name: "opaque origin", origin: "null", wantStatus: 403, wantInProblem: "did not come from"},
+		{name: "opaque origin, same-site", origin: "null", site: "same-site", wantStatus: 403, wantInProblem: "did not come from"},
+		{name: "Sec-Fetch-Site decides over Origin", origin: s.url, site: "cross-site", wantStatus: 403, wantInProblem: "did not come from"},
 		{name: "Sec-Fetch-Site only", site: "cross-site", wantStatus: 403, wantInProblem: "did not come from"},
 		{name: "no CSRF token", origin: s.url, site: "same-origin", overrideCSRF: "-", wantStatus: 403, wantInProblem: "token is missing"},
 		{name: "a stale CSRF token", origin: s.url, site: "same-origin", overrideCSRF: NewToken(), wantStatus: 403, wantInProblem: "token is missing"},
