@@ -5,6 +5,7 @@
 #               repository), vet, staticcheck, then on RabbitMQ
 #               3.10, 4.0 and 4.3 each the tests with -race (the outbox's
 #               on PostgreSQL too) and the broker-disrupting reliability suite,
+#               the console's browser tests once (headless Chromium, on 3.10),
 #               then the cluster tests on a three-node RabbitMQ 4.3 cluster,
 #               then a short fuzz of every target
 # and, for numbers and long runs:
@@ -20,6 +21,8 @@
 #   make rabbit4    make sure the RabbitMQ 4.0 broker answers (scripts/rabbit4.sh)
 #   make rabbit43   make sure the RabbitMQ 4.3 broker answers (scripts/rabbit4.sh 4.3)
 #   make postgres   make sure PostgreSQL answers at $$DATABASE_URL (scripts/postgres.sh)
+#   make test-console  the console's browser tests alone (scripts/chromium.sh installs
+#                   Chromium if need be; screenshots in .bin/screenshots)
 #   make test-cluster  the cluster tests on a three-node cluster (scripts/cluster.sh),
 #                   started for them and removed after; CLUSTER_RABBITMQ=4.0 or 4.3 for 4.x
 #   make cluster-up / cluster-down  keep that cluster running between runs, or remove it
@@ -33,11 +36,14 @@ STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 # Modules with their own go.mod: the library, programs that use it, the
 # outbox/inbox and the CLI (modules of their own so that their database
-# driver stays out of the library's go.mod). go.work uses them all, so every
-# command here builds what is checked out; the nested ones require the
-# library (and outbox) at the version they are released with, which go.work
-# makes this directory (scripts/setversion.sh, scripts/release.sh).
-MODULES := . examples bench outbox cmd/amqpretry
+# driver stays out of the library's go.mod), and the console's browser tests
+# (chromedp stays out of the CLI's go.mod), which run once, in test-console,
+# not in each broker's suite. go.work uses them all, so every command here
+# builds what is checked out; the nested ones require the library (and
+# outbox) at the version they are released with, which go.work makes this
+# directory (scripts/setversion.sh, scripts/release.sh).
+BROWSER_MODULES := cmd/amqpretry/consoletest
+MODULES := . examples bench outbox cmd/amqpretry $(BROWSER_MODULES)
 
 # The oldest Go the library supports. `go mod tidy` raises a module's go line
 # when it picks a newer dependency (otel past v1.41 needs Go 1.26): the
@@ -54,7 +60,8 @@ GOVULNCHECK := $(BIN)/govulncheck-$(GOVULNCHECK_VERSION)
 # with "context deadline exceeded" at the deadline though nothing crashed.
 FUZZ_TARGETS := ./internal/amqphdr:FuzzReaders:200000 ./internal/amqpurl:FuzzRedact:200000 ./internal/amqpurl:FuzzParse:150000 \
 	./internal/amqptable:FuzzNormalize:120000 ./recoverer:FuzzFitFaultText:60000 ./dlx:FuzzHeaders:60000 \
-	./cmd/amqpretry:FuzzEscape:20000 ./outbox:FuzzProperties:30000 ./internal/errtree:FuzzAsAgreesWithErrors:50000 ./typed:FuzzHandler:15000
+	./cmd/amqpretry:FuzzEscape:20000 ./outbox:FuzzProperties:30000 ./internal/errtree:FuzzAsAgreesWithErrors:50000 ./typed:FuzzHandler:15000 \
+	./cmd/amqpretry/internal/console:FuzzNormalize:60000 ./cmd/amqpretry/internal/console:FuzzRef:30000
 
 # The brokers make test runs the suite on: the system's (Debian bookworm's
 # 3.10), and RabbitMQ 4.0 (Debian trixie's) and 4.3 (Debian forky's), each in
@@ -74,9 +81,9 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 # The phases share the brokers and one disrupts them: never run them in parallel.
 .NOTPARALLEL:
 
-.PHONY: test release-check tidy demo bench broker postgres rabbit4 rabbit43 suite-4.3 cluster-up cluster-down test-cluster cluster-4.3 fmt gomod vet staticcheck suite suite-3.10 suite-4.0 unit reliability fuzz soak vulncheck
+.PHONY: test test-console release-check tidy demo bench broker postgres rabbit4 rabbit43 suite-4.3 cluster-up cluster-down test-cluster cluster-4.3 fmt gomod vet staticcheck suite suite-3.10 suite-4.0 unit reliability fuzz soak vulncheck
 
-test: fmt gomod release-check vet staticcheck suite-3.10 suite-4.0 suite-4.3 cluster-4.3 fuzz vulncheck
+test: fmt gomod release-check vet staticcheck suite-3.10 test-console suite-4.0 suite-4.3 cluster-4.3 fuzz vulncheck
 
 demo: broker
 	@echo "make demo: examples/quickstart on $$(AMQP_URL=$(URL_3) $(BIN)/brokercheck -describe)"
@@ -94,6 +101,17 @@ OLDER_BROKER := SOAK_MESSAGES=10000 E2E=0 SHORT=-short UNIT_MODULES=". examples 
 
 suite-3.10: broker postgres
 	@$(MAKE) --no-print-directory suite AMQP_URL="$(URL_3)" AMQPRETRY_RABBITMQCTL="$(CTL_3)" $(OLDER_BROKER)
+
+# The console's browser tests (cmd/amqpretry/consoletest): amqpretry console
+# driven in headless Chromium, which scripts/chromium.sh installs (Debian's
+# package) if it is missing, on the 3.10 broker, once. With
+# AMQPRETRY_REQUIRE_BROWSER=1 a missing browser fails them, as
+# AMQPRETRY_REQUIRE_BROKER=1 does a missing broker. Screenshots of the pages
+# go to .bin/screenshots.
+test-console: broker
+	@scripts/chromium.sh
+	@cd $(BROWSER_MODULES) && AMQP_URL=$(URL_3) AMQPRETRY_RABBITMQCTL="$(CTL_3)" AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_REQUIRE_BROWSER=1 \
+	  AMQPRETRY_SCREENSHOTS=$(BIN)/screenshots $(GO) test -race -count=1 -timeout 5m ./...
 
 suite-4.0: rabbit4 postgres
 	@$(MAKE) --no-print-directory suite AMQP_URL="$(URL_4)" AMQPRETRY_RABBITMQCTL="$(CTL_4)" $(OLDER_BROKER)
@@ -216,7 +234,7 @@ staticcheck: $(STATICCHECK)
 # broker or PostgreSQL fails instead of skipping.
 # unit and reliability use the broker $$AMQP_URL names: run them through suite.
 SHORT ?=
-UNIT_MODULES ?= $(MODULES)
+UNIT_MODULES ?= $(filter-out $(BROWSER_MODULES),$(MODULES))
 unit:
 	@for m in $(UNIT_MODULES); do (cd $$m && AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_REQUIRE_DB=1 DATABASE_URL='$(DATABASE_URL)' \
 	  $(GO) test -race -count=1 $(SHORT) ./...); done

@@ -1,0 +1,542 @@
+package consoletest
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/listener"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+// Names the browser resolves to 127.0.0.1 (startBrowser): rebindHost as a
+// DNS rebinding attack would have it, otherSite as another site.
+const (
+	rebindHost = "rebind.test"
+	otherSite  = "other.test"
+)
+
+// The three kinds of failure the listener meets, and how many of each.
+var kinds = []struct {
+	name string
+	n    int
+}{{"customer", 5}, {"tax", 3}, {"hostile", 2}}
+
+// hostileText is what the hostile kind's error says: markup that would run
+// if a page let it, and a bidi override that would reverse "exe.png".
+const hostileText = `bad field <script>window.pwned=1</script><img src=x onerror="window.pwned=2"> ` + "\u202e" + `gnp.exe item`
+
+// app is the handler a real listener runs: customers are not found until
+// fixed is set, the tax service times out, hostile input is refused for
+// good. It records the ids it handled.
+type app struct {
+	fixed   atomic.Bool
+	mu      sync.Mutex
+	handled []string
+}
+
+func (a *app) handle(_ context.Context, d *amqp.Delivery) error {
+	var m struct {
+		Kind string
+		N    int
+	}
+	if err := json.Unmarshal(d.Body, &m); err != nil {
+		return middleware.Permanent(err)
+	}
+	switch m.Kind {
+	case "customer":
+		if !a.fixed.Load() {
+			return fmt.Errorf("customer %d not found", 1000+m.N*7)
+		}
+	case "tax":
+		return fmt.Errorf("tax service: request %08x-1d2e-4f3a-8b9c-0123456789ab timed out after %dms", m.N*7919, 3000+m.N*13)
+	case "hostile":
+		return middleware.Permanent(fmt.Errorf("%s %d", hostileText, m.N))
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.handled = append(a.handled, d.MessageId)
+	return nil
+}
+
+func (a *app) handledIDs() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Sorted(slices.Values(a.handled))
+}
+
+// deadLetters declares a work queue "orders-<random>" with its DLX and DLQ,
+// runs a listener on it that republishes failures to the DLQ, and publishes
+// the three kinds of message; it returns once all ten are dead letters, with
+// the listener still running (until the test ends).
+func deadLetters(t *testing.T) (dlx.Topology, *app) {
+	t.Helper()
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	topo := dlx.Topology{Queue: "orders-" + hex.EncodeToString(b[:])}
+	t.Cleanup(func() {
+		brokertest.DeleteQueue(t, topo.Queue)
+		brokertest.DeleteQueue(t, topo.DLQ())
+	})
+	if err := topo.Declare(brokertest.Channel(t, brokertest.Dial(t))); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := publisher.New(brokertest.URL(), publisher.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	a := &app{}
+	l, err := listener.New(topo.Queue, middleware.Chain(middleware.Recover(recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey()))),
+		a.handle, listener.WithURL(brokertest.URL()), listener.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("listener: %v", err)
+		}
+	})
+	total := 0
+	for _, k := range kinds {
+		for i := range k.n {
+			brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: fmt.Sprintf("%s-%d", k.name, i), ContentType: "application/json",
+				Body: []byte(fmt.Sprintf(`{"kind":%q,"n":%d}`, k.name, i))})
+			total++
+		}
+	}
+	brokertest.Eventually(t, 20*time.Second, "every message on the DLQ", func() bool { return brokertest.Depth(t, topo.DLQ()) == total })
+	t.Logf("%d dead letters on %s", total, topo.DLQ())
+	return topo, a
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
+var signIn = regexp.MustCompile(`sign in \(token "operator"\): (http://127\.0\.0\.1:([0-9]+)/)login\?token=([A-Za-z0-9_-]+)`)
+
+// console is an `amqpretry console` process.
+type console struct {
+	base, port, login, token string
+	audit                    string // the audit log's path
+}
+
+// startConsole starts the command on dlq with extra flags, on a free
+// loopback port, and stops it (with ^C, as an operator would) when the test
+// ends.
+func startConsole(t *testing.T, dlq string, extra ...string) *console {
+	t.Helper()
+	c := &console{audit: filepath.Join(t.TempDir(), "audit.jsonl")}
+	args := append([]string{"console", "--queue", dlq, "--listen", "127.0.0.1:0", "--url", brokertest.URL(), "--audit-log", c.audit}, extra...)
+	cmd := exec.Command(command, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	found := make(chan []string, 1)
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		scanner := bufio.NewScanner(stdout)
+		for scanner.Scan() {
+			if m := signIn.FindStringSubmatch(scanner.Text()); m != nil {
+				found <- m
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		<-read
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("amqpretry console: %v\n%s", err, stderr.String())
+		} else if t.Failed() {
+			t.Logf("amqpretry console's log:\n%s", stderr.String())
+		}
+	})
+	select {
+	case m := <-found:
+		c.base, c.port, c.token = m[1], m[2], m[3]
+		c.login = m[1] + "login?token=" + m[3]
+	case <-read:
+		t.Fatalf("amqpretry console ended before it served:\n%s", stderr.String())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("amqpretry console printed no sign-in address:\n%s", stderr.String())
+	}
+	return c
+}
+
+// signedIn opens the console's printed address in a fresh browser context,
+// which signs in and moves on to the overview.
+func signedIn(t *testing.T, c *console) context.Context {
+	t.Helper()
+	ctx := browser(t)
+	run(t, ctx, chromedp.Navigate(c.login), chromedp.WaitVisible(`h1`, chromedp.ByQuery))
+	brokertest.Eventually(t, 10*time.Second, "the overview after signing in", func() bool {
+		return strings.HasPrefix(textNow(ctx, "h1"), "Dead letters")
+	})
+	return ctx
+}
+
+// run runs actions with a deadline, failing the test on an error.
+func run(t *testing.T, ctx context.Context, actions ...chromedp.Action) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := chromedp.Run(ctx, actions...); err != nil {
+		t.Fatalf("browser: %v", err)
+	}
+}
+
+// textNow is the text of the first element sel matches, "" if none or the
+// page is between two documents: for polling.
+func textNow(ctx context.Context, sel string) string {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var s string
+	js := fmt.Sprintf(`(document.querySelector(%q) || {}).textContent || ""`, sel)
+	if err := chromedp.Run(ctx, chromedp.Evaluate(js, &s)); err != nil {
+		return ""
+	}
+	return s
+}
+
+func text(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	var s string
+	run(t, ctx, chromedp.Text(sel, &s, chromedp.ByQuery))
+	return s
+}
+
+func eval[T any](t *testing.T, ctx context.Context, js string) T {
+	t.Helper()
+	var v T
+	run(t, ctx, chromedp.Evaluate(js, &v))
+	return v
+}
+
+// shot saves a screenshot of the whole page as name.png in
+// $AMQPRETRY_SCREENSHOTS, if set.
+func shot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	dir := os.Getenv("AMQPRETRY_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	var png []byte
+	run(t, ctx, chromedp.FullScreenshot(&png, 100))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// groups reads the overview's groups: signature → count.
+func groups(t *testing.T, ctx context.Context) map[string]string {
+	t.Helper()
+	rows := eval[[][]string](t, ctx, `Array.from(document.querySelectorAll("tr.group")).map(r => [r.querySelector(".sig").textContent, r.querySelector(".count").textContent])`)
+	out := map[string]string{}
+	for _, r := range rows {
+		out[r[0]] = r[1]
+	}
+	return out
+}
+
+// groupLink clicks the overview's link to the group whose signature starts
+// with prefix.
+func groupLink(prefix string) chromedp.Action {
+	return chromedp.Click(fmt.Sprintf(`//td[@class="sig"]/a[starts-with(normalize-space(.), %q)]`, prefix), chromedp.BySearch)
+}
+
+// The issue's main path: dead letters of three kinds, made by a real
+// listener, show as three groups with their counts; replaying the one whose
+// cause is fixed puts exactly its five messages back on the work queue, the
+// listener handles them, and the page says what was done.
+func TestBrowserGroupsAndReplay(t *testing.T) {
+	topo, a := deadLetters(t)
+	c := startConsole(t, topo.DLQ())
+	ctx := signedIn(t, c)
+
+	got := groups(t, ctx)
+	want := map[string]string{
+		"customer <n> not found":                            "5",
+		"tax service: request <uuid> timed out after <n>ms": "3",
+		`bad field <script>window.pwned=<n></script><img src=x onerror="window.pwned=<n>"> \u202egnp.exe item <n>`: "2",
+	}
+	if len(got) != 3 {
+		t.Fatalf("the overview shows %d groups, want 3: %v", len(got), got)
+	}
+	for sig, n := range want {
+		if got[sig] != n {
+			t.Errorf("group %q: %q, want %s (all: %q)", sig, got[sig], n, got)
+		}
+	}
+	if s := text(t, ctx, "p.snapinfo"); !strings.Contains(s, "10 of 10 messages") {
+		t.Errorf("snapshot line: %q", s)
+	}
+	// The style sheet applies under the Content-Security-Policy.
+	if bg := eval[string](t, ctx, `getComputedStyle(document.querySelector("header.top")).backgroundColor`); bg != "rgb(22, 33, 46)" {
+		t.Errorf("the header's background is %q: the style sheet did not apply", bg)
+	}
+	shot(t, ctx, "overview")
+
+	a.fixed.Store(true) // the deploy that fixes the customer lookup
+	run(t, ctx, groupLink("customer"), chromedp.WaitVisible(`#replay-group`, chromedp.ByQuery))
+	shot(t, ctx, "group")
+	run(t, ctx, chromedp.Click(`#replay-group`, chromedp.ByQuery), chromedp.WaitVisible(`#summary`, chromedp.ByQuery))
+	if s := text(t, ctx, "#summary"); !strings.Contains(s, "replayed 5, 0 left on "+topo.DLQ()) {
+		t.Fatalf("the result says %q", s)
+	}
+	shot(t, ctx, "replayed")
+	brokertest.Eventually(t, 20*time.Second, "the listener handled the five customers", func() bool { return len(a.handledIDs()) >= 5 })
+	if ids := a.handledIDs(); !slices.Equal(ids, []string{"customer-0", "customer-1", "customer-2", "customer-3", "customer-4"}) {
+		t.Errorf("the listener handled %q, want the five customers", ids)
+	}
+	if d, w := brokertest.Depth(t, topo.DLQ()), brokertest.Depth(t, topo.Queue); d != 5 || w != 0 {
+		t.Errorf("DLQ %d, work queue %d: want 5 and 0", d, w)
+	}
+	audit, err := os.ReadFile(c.audit)
+	if err != nil || !strings.Contains(string(audit), `"who":"operator"`) || !strings.Contains(string(audit), `"action":"replay"`) ||
+		!strings.Contains(string(audit), `"done":5`) {
+		t.Errorf("audit log (%v):\n%s", err, audit)
+	}
+	// Back on the overview, two groups are left.
+	run(t, ctx, chromedp.Click(`#back`, chromedp.ByQuery), chromedp.WaitVisible(`table.groups`, chromedp.ByQuery))
+	if got := groups(t, ctx); len(got) != 2 {
+		t.Errorf("after the replay the overview shows %v", got)
+	}
+}
+
+// A delete shows what it would take and does it only when confirmed; a
+// purge does nothing unless the queue's name is typed.
+func TestBrowserDeleteAndPurgeAskFirst(t *testing.T) {
+	topo, _ := deadLetters(t)
+	c := startConsole(t, topo.DLQ())
+	ctx := signedIn(t, c)
+
+	run(t, ctx, groupLink("tax"), chromedp.WaitVisible(`#delete-group`, chromedp.ByQuery),
+		chromedp.Click(`#delete-group`, chromedp.ByQuery), chromedp.WaitVisible(`#confirm-delete`, chromedp.ByQuery))
+	if h := text(t, ctx, "h1"); h != "Delete 3 messages from "+topo.DLQ()+"?" {
+		t.Errorf("the confirmation asks %q", h)
+	}
+	shot(t, ctx, "confirm-delete")
+	if d := brokertest.Depth(t, topo.DLQ()); d != 10 {
+		t.Fatalf("the DLQ holds %d while the delete is unconfirmed", d)
+	}
+	run(t, ctx, chromedp.Click(`#cancel`, chromedp.ByQuery), chromedp.WaitVisible(`table.groups`, chromedp.ByQuery))
+	if d := brokertest.Depth(t, topo.DLQ()); d != 10 {
+		t.Fatalf("the DLQ holds %d after cancelling", d)
+	}
+	run(t, ctx, groupLink("tax"), chromedp.WaitVisible(`#delete-group`, chromedp.ByQuery),
+		chromedp.Click(`#delete-group`, chromedp.ByQuery), chromedp.WaitVisible(`#confirm-delete`, chromedp.ByQuery),
+		chromedp.Click(`#confirm-delete`, chromedp.ByQuery), chromedp.WaitVisible(`#summary`, chromedp.ByQuery))
+	if s := text(t, ctx, "#summary"); !strings.Contains(s, "deleted 3, 0 left") {
+		t.Errorf("the result says %q", s)
+	}
+	if d, w := brokertest.Depth(t, topo.DLQ()), brokertest.Depth(t, topo.Queue); d != 7 || w != 0 {
+		t.Fatalf("DLQ %d, work %d after the delete: want 7 and 0", d, w)
+	}
+
+	// Purge: the name typed wrong, then right.
+	purge := func(typed string) {
+		run(t, ctx, chromedp.Navigate(c.base), chromedp.WaitVisible(`details.danger summary`, chromedp.ByQuery),
+			chromedp.Click(`details.danger summary`, chromedp.ByQuery), chromedp.WaitVisible(`form.purge input[name=name]`, chromedp.ByQuery),
+			chromedp.SendKeys(`form.purge input[name=name]`, typed, chromedp.ByQuery))
+		if typed == topo.DLQ() {
+			shot(t, ctx, "purge")
+		}
+		run(t, ctx, chromedp.Click(`form.purge button`, chromedp.ByQuery), chromedp.WaitVisible(`h1`, chromedp.ByQuery))
+	}
+	purge(topo.Queue)
+	if p := text(t, ctx, "#problem"); !strings.Contains(p, "Nothing was purged") {
+		t.Errorf("a purge with the wrong name says %q", p)
+	}
+	if d := brokertest.Depth(t, topo.DLQ()); d != 7 {
+		t.Fatalf("the DLQ holds %d after a purge with the wrong name", d)
+	}
+	purge(topo.DLQ())
+	if s := text(t, ctx, "#summary"); !strings.Contains(s, "purged 7") {
+		t.Errorf("the purge says %q", s)
+	}
+	if d := brokertest.Depth(t, topo.DLQ()); d != 0 {
+		t.Errorf("the DLQ holds %d after the purge", d)
+	}
+}
+
+// The checks that change nothing share one DLQ of ten dead letters: the
+// read-only console, the refusals, hostile text.
+func TestBrowserLookingAndRefusing(t *testing.T) {
+	topo, _ := deadLetters(t)
+	t.Run("ReadOnly", func(t *testing.T) { readOnly(t, topo) })
+	t.Run("Refusals", func(t *testing.T) { refusals(t, topo) })
+	t.Run("HostileTextInert", func(t *testing.T) { hostileTextInert(t, topo) })
+}
+
+// Read-only shows no action on any page, and a POST forged in the signed-in
+// page, with the session's cookie and CSRF token, gets 403.
+func readOnly(t *testing.T, topo dlx.Topology) {
+	c := startConsole(t, topo.DLQ(), "--read-only")
+	ctx := signedIn(t, c)
+	const actions = `document.querySelectorAll('form[action="/act"], form[action="/purge"], form[action="/outbox/retry"], input[type=checkbox], button.danger').length`
+	if n := eval[int](t, ctx, actions); n != 0 {
+		t.Errorf("the read-only overview shows %d actions", n)
+	}
+	if b := text(t, ctx, ".badge"); b != "read-only" {
+		t.Errorf("badge %q", b)
+	}
+	shot(t, ctx, "read-only")
+	run(t, ctx, groupLink("customer"), chromedp.WaitVisible(`table.messages`, chromedp.ByQuery))
+	if n := eval[int](t, ctx, actions); n != 0 {
+		t.Errorf("the read-only group page shows %d actions", n)
+	}
+	group := eval[string](t, ctx, `new URLSearchParams(location.search).get("g")`)
+	run(t, ctx, chromedp.Click(`table.messages a`, chromedp.ByQuery), chromedp.WaitVisible(`#body`, chromedp.ByQuery))
+	if n := eval[int](t, ctx, actions); n != 0 {
+		t.Errorf("the read-only message page shows %d actions", n)
+	}
+	// A forged POST from the console's own page: same origin, the cookie,
+	// the session's CSRF token.
+	forge := fmt.Sprintf(`(() => {
+		const f = document.createElement("form"); f.method = "post"; f.action = "/act";
+		const add = (n, v) => { const i = document.createElement("input"); i.type = "hidden"; i.name = n; i.value = v; f.appendChild(i); };
+		add("csrf", document.querySelector("input[name=csrf]").value); add("q", %q); add("g", %q); add("op", "replay-group");
+		document.body.appendChild(f); f.submit(); return true; })()`, topo.DLQ(), group)
+	eval[bool](t, ctx, forge)
+	brokertest.Eventually(t, 10*time.Second, "the answer to the forged POST", func() bool { return strings.HasPrefix(textNow(ctx, "h1"), "403") })
+	if p := text(t, ctx, "#problem"); !strings.Contains(p, "read-only") {
+		t.Errorf("the forged POST got %q", p)
+	}
+	if d, w := brokertest.Depth(t, topo.DLQ()), brokertest.Depth(t, topo.Queue); d != 10 || w != 0 {
+		t.Errorf("DLQ %d, work %d after the forged POST: want 10 and 0", d, w)
+	}
+}
+
+// Without the token a browser gets 401 and the sign-in form; a page of
+// another origin cannot make the signed-in browser act (403, or 401 from
+// another site, whose requests carry no SameSite=Strict cookie); a name
+// that resolves here but is not the console's is refused (421).
+func refusals(t *testing.T, topo dlx.Topology) {
+	c := startConsole(t, topo.DLQ())
+
+	anon := browser(t)
+	for _, u := range []string{c.base, c.base + "login?token=" + c.token + "x"} {
+		resp, err := chromedp.RunResponse(anon, chromedp.Navigate(u))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Status != http.StatusUnauthorized || text(t, anon, "h1") != "Sign in" {
+			t.Errorf("%s without the token: %d, %q", u, resp.Status, text(t, anon, "h1"))
+		}
+	}
+	shot(t, anon, "sign-in")
+
+	ctx := signedIn(t, c)
+	csrf := eval[string](t, ctx, `document.querySelector("input[name=csrf]").value`)
+	run(t, ctx, groupLink("customer"), chromedp.WaitVisible(`#replay-group`, chromedp.ByQuery))
+	group := eval[string](t, ctx, `new URLSearchParams(location.search).get("g")`)
+	// The attacker's page knows even the CSRF token: the origin checks
+	// alone stop it.
+	attacker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `<!doctype html><title>prize</title><form method="post" action="%sact">
+<input type="hidden" name="csrf" value="%s"><input type="hidden" name="q" value="%s"><input type="hidden" name="g" value="%s">
+<input type="hidden" name="op" value="replay-group"><button id="go">Claim your prize</button></form>`, c.base, csrf, topo.DLQ(), group)
+	}))
+	defer attacker.Close()
+	port := attacker.URL[strings.LastIndex(attacker.URL, ":")+1:]
+	for _, tc := range []struct{ page, want string }{
+		{attacker.URL, "403"}, // same site (127.0.0.1), another port: the cookie goes along
+		{"http://" + otherSite + ":" + port + "/", "Sign in"}, // another site: no cookie at all
+	} {
+		run(t, ctx, chromedp.Navigate(tc.page), chromedp.WaitVisible(`#go`, chromedp.ByQuery), chromedp.Click(`#go`, chromedp.ByQuery))
+		brokertest.Eventually(t, 10*time.Second, "the console's answer to "+tc.page, func() bool {
+			return strings.HasPrefix(textNow(ctx, "h1"), tc.want)
+		})
+		if tc.want == "403" {
+			if p := text(t, ctx, "#problem"); !strings.Contains(p, "did not come from the console's own pages") {
+				t.Errorf("the cross-origin POST got %q", p)
+			}
+			shot(t, ctx, "cross-origin-refused")
+		}
+	}
+	if d, w := brokertest.Depth(t, topo.DLQ()), brokertest.Depth(t, topo.Queue); d != 10 || w != 0 {
+		t.Errorf("DLQ %d, work %d after the cross-origin POSTs: want 10 and 0", d, w)
+	}
+
+	// DNS rebinding: rebind.test resolves to 127.0.0.1, the browser sends its
+	// own name as Host.
+	resp, err := chromedp.RunResponse(ctx, chromedp.Navigate("http://"+rebindHost+":"+c.port+"/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body string
+	run(t, ctx, chromedp.Text("body", &body, chromedp.ByQuery))
+	if resp.Status != http.StatusMisdirectedRequest || strings.Contains(body, topo.DLQ()) {
+		t.Errorf("Host %s: %d\n%s", rebindHost, resp.Status, body)
+	}
+}
+
+// An exception holding markup and a bidi override shows as text: no
+// element it names exists, no script of it ran, the override shows as
+// \u202e.
+func hostileTextInert(t *testing.T, topo dlx.Topology) {
+	c := startConsole(t, topo.DLQ())
+	ctx := signedIn(t, c)
+	type page struct {
+		Title   string
+		Pwned   string
+		Scripts int
+		Images  int
+	}
+	const inspect = `({Title: document.title, Pwned: typeof window.pwned, Scripts: document.scripts.length, Images: document.images.length})`
+	check := func(where, title string) {
+		t.Helper()
+		p := eval[page](t, ctx, inspect)
+		if p.Title != title || p.Pwned != "undefined" || p.Scripts != 0 || p.Images != 0 {
+			t.Errorf("%s: %+v", where, p)
+		}
+	}
+	check("overview", "Dead letters · amqpretry console")
+	run(t, ctx, groupLink("bad field"), chromedp.WaitVisible(`table.messages`, chromedp.ByQuery))
+	check("group", "Group · amqpretry console")
+	run(t, ctx, chromedp.Click(`table.messages a`, chromedp.ByQuery), chromedp.WaitVisible(`#exception`, chromedp.ByQuery))
+	check("message", "Message · amqpretry console")
+	exc := text(t, ctx, "#exception")
+	if !strings.Contains(exc, `<script>window.pwned=1</script><img src=x onerror="window.pwned=2"> \u202egnp.exe item`) || strings.Contains(exc, "\u202e") {
+		t.Errorf("the exception shows as %q", exc)
+	}
+	shot(t, ctx, "hostile-message")
+}
