@@ -287,6 +287,7 @@ func groupLink(prefix string) chromedp.Action {
 // cause is fixed puts exactly its five messages back on the work queue, the
 // listener handles them, and the page says what was done.
 func TestBrowserGroupsAndReplay(t *testing.T) {
+	needBrowser(t)
 	topo, a := deadLetters(t)
 	c := startConsole(t, topo.DLQ())
 	ctx := signedIn(t, c)
@@ -344,6 +345,7 @@ func TestBrowserGroupsAndReplay(t *testing.T) {
 // A delete shows what it would take and does it only when confirmed; a
 // purge does nothing unless the queue's name is typed.
 func TestBrowserDeleteAndPurgeAskFirst(t *testing.T) {
+	needBrowser(t)
 	topo, _ := deadLetters(t)
 	c := startConsole(t, topo.DLQ())
 	ctx := signedIn(t, c)
@@ -400,6 +402,7 @@ func TestBrowserDeleteAndPurgeAskFirst(t *testing.T) {
 // The checks that change nothing share one DLQ of ten dead letters: the
 // read-only console, the refusals, hostile text.
 func TestBrowserLookingAndRefusing(t *testing.T) {
+	needBrowser(t)
 	topo, _ := deadLetters(t)
 	t.Run("ReadOnly", func(t *testing.T) { readOnly(t, topo) })
 	t.Run("Refusals", func(t *testing.T) { refusals(t, topo) })

@@ -82,14 +82,21 @@ func findChromium() string {
 	return ""
 }
 
+// needBrowser skips the test without a browser (TestMain has failed the
+// run already under make test).
+func needBrowser(t *testing.T) {
+	t.Helper()
+	if chromium == "" {
+		t.Skip("no Chromium: run scripts/chromium.sh (make test fails here instead: " + RequireEnv + "=1)")
+	}
+}
+
 // browser returns a fresh browser context (its own cookies, as a private
 // window) in the shared headless browser, closed when the test ends.
 // Without a browser the test skips, or fails under make test.
 func browser(t *testing.T) context.Context {
 	t.Helper()
-	if chromium == "" {
-		t.Skip("no Chromium: run scripts/chromium.sh (make test fails here instead: " + RequireEnv + "=1)")
-	}
+	needBrowser(t)
 	browserOnce.Do(startBrowser)
 	if browserErr != nil {
 		t.Fatalf("start %s: %v", chromium, browserErr)
