@@ -2,8 +2,17 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -223,5 +232,84 @@ func TestConsoleTokensFile(t *testing.T) {
 	}
 	if strings.Contains(stderr.String(), "0123456789abcdef") {
 		t.Errorf("a token reached the log: %s", stderr.String())
+	}
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key, and returns
+// their paths and a pool that trusts the certificate.
+func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "amqpretry console test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
+
+// With --tls-cert and --tls-key the console serves HTTPS only, and its
+// session cookie is Secure.
+func TestConsoleTLS(t *testing.T) {
+	topo := withDeadLetters(t, 1)
+	certFile, keyFile, pool := selfSigned(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"console", "--queue", topo.DLQ(), "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile,
+			"--audit-log", "-", "--url", brokertest.URL()}, stdout, stderr)
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("exit %d: %s", code, stderr.String())
+		}
+	}()
+	line := regexp.MustCompile(`sign in \(token "operator"\): (https://127\.0\.0\.1:[0-9]+/)login\?token=([A-Za-z0-9_-]+)`)
+	brokertest.Eventually(t, 10*time.Second, "the console's https address", func() bool { return line.MatchString(stdout.String()) })
+	m := line.FindStringSubmatch(stdout.String())
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := c.Get(m[1] + "login?token=" + m[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || len(resp.Cookies()) != 1 || !resp.Cookies()[0].Secure || !resp.Cookies()[0].HttpOnly {
+		t.Errorf("sign in over HTTPS: %s, cookies %+v", resp.Status, resp.Cookies())
+	}
+	if code, _ := fetch(t, c, m[1]); code != http.StatusOK {
+		t.Errorf("the overview over HTTPS: %d", code)
+	}
+	plain := strings.Replace(m[1], "https://", "http://", 1)
+	if resp, err := http.Get(plain); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusUnauthorized {
+			t.Errorf("plain HTTP answered %s", resp.Status)
+		}
 	}
 }
