@@ -385,13 +385,20 @@ func (c *Console) look(ctx context.Context, queue string) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The next look or action on the queue, which waits for this one, must
+	// find them back: the count a classic queue reports runs ahead of the
+	// requeues.
+	depth := max(q.Messages, len(deliveries))
+	if _, err := deadletter.Settle(ctx, ch, queue, depth); err != nil {
+		return nil, err
+	}
 	c.mu.Lock()
 	c.seq++
 	seq := c.seq
 	c.mu.Unlock()
-	snap := newSnapshot(queue, seq, q.Messages, c.limit, version, deliveries, c.prefix)
+	snap := newSnapshot(queue, seq, depth, c.limit, version, deliveries, c.prefix)
 	c.store(queue, snap)
-	c.log.Info("console: looked at a queue", "queue", queue, "taken", len(deliveries), "depth", q.Messages)
+	c.log.Info("console: looked at a queue", "queue", queue, "taken", len(deliveries), "depth", depth)
 	return snap, nil
 }
 

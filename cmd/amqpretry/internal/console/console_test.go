@@ -2,6 +2,7 @@ package console
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -213,5 +214,30 @@ func TestOneLookAtATime(t *testing.T) {
 	unlock()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A look right after another, or a replay right after a look, finds every
+// message back: a classic queue reports its count before it has put back
+// the messages a look handed back, and a look or replay that trusted that
+// count would stop short.
+func TestLookAfterLookFindsEverything(t *testing.T) {
+	topo := topology(t)
+	n := fill(t, topo, []failure{{"customer", 1000, threeKinds[0].cause}})
+	s := serve(t, Config{Queues: []string{topo.DLQ()}})
+	for i := range 2 {
+		snap, err := s.Snapshot(t.Context(), topo.DLQ(), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snap.Messages) != n || snap.Depth != n {
+			t.Fatalf("look %d took %d of %d, want %d of %d", i, len(snap.Messages), snap.Depth, n, n)
+		}
+	}
+	// The last message of the queue: a replay that scanned only what the
+	// count said would not reach it.
+	last := map[string]int{fmt.Sprintf("id:customer-%d", n-1): 1}
+	if out := s.Replay(t.Context(), topo.DLQ(), last, Destination{}); out.Err != nil || out.Done != 1 || out.Missing != 0 || out.Depth != n-1 {
+		t.Fatalf("a replay right after the looks: %+v", out)
 	}
 }

@@ -3,6 +3,7 @@ package deadletter
 import (
 	"context"
 	"fmt"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -11,16 +12,22 @@ import (
 )
 
 // Peek takes messages from queue without acking them until stop says so,
-// limit are taken (0: as many as the queue holds) or ctx ends; HandBack puts
-// them back where they were. On an error it has handed back what it took.
+// limit are taken (0: as many as the queue holds when Peek begins) or ctx
+// ends; HandBack puts them back where they were. On an error it has handed
+// back what it took.
+//
+// With a limit it takes until the queue has no more ready messages rather
+// than as many as the queue reports: the count RabbitMQ reports may leave
+// out messages handed back a moment ago (a classic queue answers the count
+// before it has put back a look's messages), basic.get waits for them.
 func Peek(ctx context.Context, ch *amqp.Channel, queue string, limit int, stop func(amqp.Delivery) bool) ([]amqp.Delivery, error) {
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
 		return nil, fmt.Errorf("queue %s: %w", queue, err)
 	}
-	n := q.Messages
-	if limit > 0 {
-		n = min(n, limit)
+	n := limit
+	if limit <= 0 {
+		n = q.Messages
 	}
 	var out []amqp.Delivery
 	for range n {
@@ -83,18 +90,47 @@ type Result struct {
 
 // Replay checks that queue exists, runs dlx.Replay on it (each message
 // published with pub and acked on the queue only once confirmed) and reads
-// the depth it leaves. A queue that is not there is an error before anything
-// is taken; otherwise the Result counts what was done even when err is not
-// nil.
+// the depth it leaves, once the messages it looked at and left are back
+// (Settle). A queue that is not there is an error before anything is taken;
+// otherwise the Result counts what was done even when err is not nil.
 func Replay(ctx context.Context, ch *amqp.Channel, pub recoverer.Publisher, queue string, opts ...dlx.ReplayOption) (Result, error) {
 	res := Result{Left: -1}
-	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
 		return res, fmt.Errorf("queue %s: %w", queue, err)
 	}
 	stats, err := dlx.Replay(ctx, ch, pub, queue, opts...)
 	res.ReplayStats = stats
-	if q, qerr := ch.QueueDeclarePassive(queue, true, false, false, false, nil); qerr == nil {
-		res.Left = q.Messages
+	if left, serr := Settle(ctx, ch, queue, max(q.Messages, stats.Scanned)-stats.Replayed); serr == nil {
+		res.Left = left
 	}
 	return res, err
+}
+
+// SettleTimeout bounds Settle's wait.
+const SettleTimeout = 10 * time.Second
+
+// Settle waits until queue reports at least want ready messages, or
+// SettleTimeout passes (someone else took some), and returns the count. A
+// classic queue answers a count before the requeues queued before it: right
+// after a look hands 10,000 messages back it may report a few hundred, and
+// a look or a replay that trusted that count would stop short.
+func Settle(ctx context.Context, ch *amqp.Channel, queue string, want int) (int, error) {
+	deadline := time.Now().Add(SettleTimeout)
+	for {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			return 0, fmt.Errorf("queue %s: %w", queue, err)
+		}
+		if q.Messages >= want || time.Now().After(deadline) {
+			return q.Messages, nil
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return q.Messages, ctx.Err()
+		case <-t.C:
+		}
+	}
 }
