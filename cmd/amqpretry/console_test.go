@@ -170,6 +170,20 @@ func TestConsoleCommand(t *testing.T) {
 	if info, err := os.Stat(audit); err != nil || info.Mode().Perm() != 0o600 {
 		t.Errorf("audit log mode %v (%v), want 0600", info.Mode(), err)
 	}
+
+	// Read-only, the outbox's rows show without a way to retry them.
+	base, token, _ = startConsole(t, "--queue", topo.DLQ(), "--audit-log", "-", "--dsn", testDSN(), "--table", table, "--read-only")
+	c = browse(t, base, token)
+	_, body = fetch(t, c, base+"outbox")
+	if !strings.Contains(body, "NOT_FOUND - no exchange") || strings.Contains(body, `action="/outbox/retry"`) || strings.Contains(body, `type="checkbox"`) {
+		t.Errorf("the read-only outbox page:\n%s", body)
+	}
+	if code, _ := submit(t, c, base, "outbox", "outbox/retry", url.Values{"all": {"yes"}}); code != http.StatusForbidden {
+		t.Errorf("a read-only retry: %d", code)
+	}
+	if s := status(t, db, table, ids[0]); s != "failed" {
+		t.Errorf("row %d is %s after a read-only retry", ids[0], s)
+	}
 }
 
 func TestConsoleUsage(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/escape"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
@@ -297,8 +298,21 @@ type bodyView struct {
 	Size     int
 }
 
+// maxBodyShown bounds the part of a body the message page shows as text or
+// JSON: a page of megabytes helps nobody.
+const maxBodyShown = 256 << 10
+
 func viewBody(body []byte, asked string) bodyView {
 	v := bodyView{Size: len(body), Binary: escape.IsBinary(body), CanJSON: json.Valid(body)}
+	if v.Kind = "text"; len(body) > maxBodyShown && asked != "hex" && !v.Binary {
+		// Cut on a character boundary; the JSON view needs the whole body.
+		cut := maxBodyShown
+		for cut > 0 && !utf8.RuneStart(body[cut]) {
+			cut--
+		}
+		v.Text, v.NotShown = escape.Block(string(body[:cut])), len(body)-cut
+		return v
+	}
 	switch {
 	case asked == "hex" || (asked == "" && v.Binary):
 		v.Kind = "hex"

@@ -47,6 +47,7 @@ var funcs = template.FuncMap{
 	"when":            when,
 	"num":             num,
 	"messagesPerPage": func() int { return messagesPerPage },
+	"hexDumpBytes":    func() int { return escape.MaxHexDump },
 }
 
 func newRenderer() (*renderer, error) {
