@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 )
 
@@ -239,5 +241,73 @@ func TestLookAfterLookFindsEverything(t *testing.T) {
 	last := map[string]int{fmt.Sprintf("id:customer-%d", n-1): 1}
 	if out := s.Replay(t.Context(), topo.DLQ(), last, Destination{}); out.Err != nil || out.Done != 1 || out.Missing != 0 || out.Depth != n-1 {
 		t.Fatalf("a replay right after the looks: %+v", out)
+	}
+}
+
+// A message the broker dead-lettered itself (rejected without requeue, no
+// recoverer) is grouped by the queue and reason its x-death names, and its
+// page shows the x-death entry; it replays to that queue.
+func TestBrokerDeadLetteredMessage(t *testing.T) {
+	topo := topology(t)
+	brokertest.Publish(t, topo.Queue, amqp.Publishing{MessageId: "rejected-1", Body: []byte("plain")})
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	d, ok, err := ch.Get(topo.Queue, false)
+	if err != nil || !ok {
+		t.Fatalf("get: %v %v", ok, err)
+	}
+	if err := d.Reject(false); err != nil {
+		t.Fatal(err)
+	}
+	brokertest.Eventually(t, 10*time.Second, "the rejected message on the DLQ", func() bool { return brokertest.Depth(t, topo.DLQ()) == 1 })
+	s := serve(t, Config{Queues: []string{topo.DLQ()}})
+	c := s.signIn(t)
+	_, body := c.get("/")
+	if !strings.Contains(body, "<td>dead-lettered by the broker: rejected</td>") || !strings.Contains(body, "<td>"+topo.Queue+"</td>") {
+		t.Errorf("the overview does not group it by its x-death:\n%s", body)
+	}
+	_, body = c.get("/message?q=" + url.QueryEscape(topo.DLQ()) + "&k=id:rejected-1&view=text")
+	if !strings.Contains(body, `<table class="deaths">`) || !strings.Contains(body, "<td>"+topo.Queue+"</td><td>rejected</td><td class=\"n\">1</td>") ||
+		!strings.Contains(body, `<pre class="body" id="body">plain</pre>`) {
+		t.Errorf("the message page:\n%s", body)
+	}
+	_, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "k": {"id:rejected-1"}, "op": {"replay-selected"}})
+	if !strings.Contains(body, "replayed 1, 0 left") || brokertest.Depth(t, topo.Queue) != 1 {
+		t.Errorf("replay to the queue of its x-death:\n%s", body)
+	}
+}
+
+// A replay to the original exchange publishes with the exchange and routing
+// key the message was first published with; a ticked message is deleted
+// after its confirmation.
+func TestReplayToExchangeAndDeleteSelected(t *testing.T) {
+	topo := topology(t)
+	n := fill(t, topo, threeKinds)
+	s := serve(t, Config{Queues: []string{topo.DLQ()}})
+	c := s.signIn(t)
+	c.get("/")
+	// The dead letters were first published to the default exchange with
+	// the work queue's name as routing key.
+	_, body := c.post("/act", url.Values{"q": {topo.DLQ()}, "k": {"id:customer-0"}, "op": {"replay-selected"}, "to": {"exchange"}})
+	if !strings.Contains(body, "replayed 1, 0 left") || !strings.Contains(body, "their original exchange and routing key") {
+		t.Fatalf("replay to the exchange:\n%s", body)
+	}
+	if w := brokertest.Depth(t, topo.Queue); w != 1 {
+		t.Errorf("work queue %d, want 1", w)
+	}
+	_, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "k": {"id:tax-2", "id:hostile-1"}, "op": {"delete-selected"}})
+	if !strings.Contains(body, "Delete 2 messages from") || !strings.Contains(body, `name="k" value="id:tax-2"`) {
+		t.Fatalf("delete of ticked messages without a confirmation:\n%s", body)
+	}
+	if d := brokertest.Depth(t, topo.DLQ()); d != n-1 {
+		t.Fatalf("the DLQ holds %d before the confirmation", d)
+	}
+	_, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "k": {"id:tax-2", "id:hostile-1"}, "op": {"delete-selected"}, "confirm": {"yes"}})
+	if !strings.Contains(body, "deleted 2, 0 left") || brokertest.Depth(t, topo.DLQ()) != n-3 {
+		t.Errorf("confirmed delete of ticked messages:\n%s", body)
+	}
+	// A key no longer on the queue: nothing done, and said so.
+	_, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "k": {"id:tax-2"}, "op": {"delete-selected"}, "confirm": {"yes"}})
+	if !strings.Contains(body, "deleted 0, 0 left") || !strings.Contains(body, "1 no longer on the queue") {
+		t.Errorf("delete of a message already gone:\n%s", body)
 	}
 }
