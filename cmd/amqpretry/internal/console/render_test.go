@@ -36,3 +36,22 @@ func TestNum(t *testing.T) {
 		}
 	}
 }
+
+// A form's "back" field redirects within the console only.
+func TestLocalPath(t *testing.T) {
+	for back, want := range map[string]string{
+		"/":                    "/",
+		"/?by=stack":           "/?by=stack",
+		"/group?q=a&g=b":       "/group?q=a&g=b",
+		"//evil.example/":      "/",
+		"https://evil.example": "/",
+		"/\\evil.example":      "/",
+		"javascript:alert(1)":  "/",
+		"group":                "/",
+		"/x\r\nSet-Cookie: a":  "/",
+	} {
+		if got := localPath(back); got != want {
+			t.Errorf("localPath(%q) = %q, want %q", back, got, want)
+		}
+	}
+}

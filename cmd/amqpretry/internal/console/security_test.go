@@ -70,6 +70,16 @@ func TestNoTokenNoEntry(t *testing.T) {
 	if d := brokertest.Depth(t, topo.DLQ()); d != n {
 		t.Errorf("the DLQ holds %d, want %d", d, n)
 	}
+	// Every change is a POST: a GET of an action's address does nothing.
+	c := s.signIn(t)
+	for _, path := range []string{"/act?q=" + url.QueryEscape(topo.DLQ()) + "&op=delete-selected&k=id:tax-1&confirm=yes", "/purge", "/outbox/retry", "/look", "/logout"} {
+		if resp, _ := c.get(path); resp.StatusCode != http.StatusMethodNotAllowed {
+			t.Errorf("GET %s: %s", path, resp.Status)
+		}
+	}
+	if d := brokertest.Depth(t, topo.DLQ()); d != n {
+		t.Errorf("the DLQ holds %d after GETs, want %d", d, n)
+	}
 }
 
 // The token buys an HttpOnly, SameSite=Strict cookie, by the sign-in form
