@@ -14,6 +14,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/errtext"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // Listener consumes one queue with a pool of consumers, runs every delivery
@@ -364,7 +365,7 @@ func (l *Listener) recovered(dd *delivery) {
 	l.stats.deadLettered.Add(1)
 	l.tel.DeadLettered.Add(context.Background(), 1, l.attrs.queue.Add...)
 	l.cfg.logger.Warn("listener: message dead-lettered", "queue", l.queue, "message_id", dd.MessageId, "to", dd.recoveredTo,
-		"attempts", dd.attempts, "error_type", middleware.ErrorType(dd.failedFor), "error", errtext.String(middleware.HandlerError(dd.failedFor)))
+		"attempts", dd.attempts, "error_type", chainrun.ErrorType(dd.failedFor), "error", errtext.String(chainrun.HandlerError(dd.failedFor)))
 }
 
 // Queue is the queue the listener consumes.

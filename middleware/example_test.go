@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // Retry(5) makes at most five attempts, the first call included, and waits
@@ -52,7 +53,7 @@ func ExampleRecover() {
 	)
 	h := chain(func(context.Context, *amqp.Delivery) error { return errors.New("no such customer") })
 	err := h(context.Background(), &amqp.Delivery{Body: []byte("msg1")})
-	fmt.Println("settlement:", middleware.SettlementFor(err))
+	fmt.Println("settlement:", chainrun.SettlementFor(err))
 	// Output:
 	// to the DLQ after attempt 3: msg1 (no such customer)
 	// settlement: ack
@@ -67,7 +68,7 @@ func ExamplePermanent() {
 		return middleware.Permanent(errors.New("invalid JSON"))
 	}
 	err := middleware.Retry(5)(handle)(context.Background(), &amqp.Delivery{})
-	fmt.Println(calls, "call;", err, ";", middleware.SettlementFor(err))
+	fmt.Println(calls, "call;", err, ";", chainrun.SettlementFor(err))
 	// Output: 1 call; invalid JSON ; reject
 }
 
@@ -84,20 +85,4 @@ func ExampleChain() {
 		func(context.Context, *amqp.Delivery) error { return errors.New("timeout") })
 	_ = h(context.Background(), &amqp.Delivery{MessageId: "m-1"})
 	// Output: handled m-1: middleware: retries exhausted after 2 attempts: timeout
-}
-
-func ExampleSettlementFor() {
-	for _, err := range []error{
-		nil,
-		errors.New("timeout"),
-		middleware.Permanent(errors.New("invalid JSON")),
-		&middleware.RecoveryError{Err: errors.New("DLX publish nacked"), Cause: errors.New("timeout")},
-	} {
-		fmt.Println(middleware.SettlementFor(err))
-	}
-	// Output:
-	// ack
-	// requeue
-	// reject
-	// requeue
 }
