@@ -168,7 +168,7 @@ cluster-down:
 # make test's cluster phase: the newest version users run. The same tests
 # run on 4.0 with `make test-cluster CLUSTER_RABBITMQ=4.0`, and on 3.10 with
 # CLUSTER_RABBITMQ=3, where two 3.10 failover behaviours fail them now and
-# then (README, "Running on a cluster").
+# then (docs/clusters.md).
 cluster-4.3:
 	@$(MAKE) --no-print-directory test-cluster CLUSTER_RABBITMQ=4.3
 
