@@ -11,7 +11,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // publishPriorities publishes one message per priority, in the order given,
@@ -48,7 +48,7 @@ func TestMaxPriorityOnAClassicQueue(t *testing.T) {
 
 	pub := newPublisher(t)
 	d := amqp.Delivery{Priority: 7, MessageId: "m", Body: []byte("x"), RoutingKey: topo.Queue, Headers: amqp.Table{}}
-	if err := topo.Tiers(pub).Recover(middleware.WithQueue(context.Background(), topo.Queue), &d, errors.New("boom")); err != nil {
+	if err := topo.Tiers(pub).Recover(chainrun.WithQueue(context.Background(), topo.Queue), &d, errors.New("boom")); err != nil {
 		t.Fatal(err)
 	}
 	brokertest.Eventually(t, 5*time.Second, "the message back from its tier", func() bool { return brokertest.Depth(t, topo.Queue) == 1 })

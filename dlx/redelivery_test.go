@@ -18,6 +18,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 func TestDelayedRedeliverySchedule(t *testing.T) {
@@ -96,12 +97,12 @@ func TestRedeliverHandsFailuresBackUntilTheLastDelivery(t *testing.T) {
 	topo := dlx.Topology{Queue: "orders", Type: dlx.Quorum, DelayedRedelivery: &dlx.DelayedRedelivery{Redeliveries: 3, Min: time.Second}}
 	pub := &pubtest.Publisher{}
 	r := topo.Redeliver(pub)
-	ctx := middleware.WithQueue(context.Background(), "orders")
+	ctx := chainrun.WithQueue(context.Background(), "orders")
 	boom := errors.New("boom")
 	for count := range 3 { // deliveries 1, 2 and 3 of 4
 		err := r.Recover(ctx, redelivery(count, nil), boom)
-		if !errors.Is(err, middleware.ErrRedeliver) || middleware.SettlementFor(err) != middleware.Requeue {
-			t.Fatalf("delivery %d: Recover = %v (settled %v), want ErrRedeliver, a requeue", count+1, err, middleware.SettlementFor(err))
+		if !errors.Is(err, middleware.ErrRedeliver) || chainrun.SettlementFor(err) != chainrun.Requeue {
+			t.Fatalf("delivery %d: Recover = %v (settled %v), want ErrRedeliver, a requeue", count+1, err, chainrun.SettlementFor(err))
 		}
 		if want := fmt.Sprintf("in %v", time.Duration(count+1)*time.Second); !strings.Contains(err.Error(), want) {
 			t.Errorf("delivery %d: %q does not say the broker's wait, %s", count+1, err, want)
@@ -141,7 +142,7 @@ func TestRedeliverFallsBackToTiersOnAnOlderBroker(t *testing.T) {
 	old, current := &amqp.Channel{}, &amqp.Channel{}
 	defer amqpconn.Remember(old, amqpconn.ServerVersion{Major: 4, Minor: 0, Patch: 5, Known: true})()
 	defer amqpconn.Remember(current, amqpconn.ServerVersion{Major: 4, Minor: 3, Patch: 6, Known: true})()
-	ctx := middleware.WithQueue(context.Background(), "orders")
+	ctx := chainrun.WithQueue(context.Background(), "orders")
 	if err := r.Recover(ctx, redelivery(0, current), errors.New("boom")); !errors.Is(err, middleware.ErrRedeliver) {
 		t.Fatalf("on 4.3: Recover = %v, want ErrRedeliver", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/pubtest"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
@@ -34,36 +35,36 @@ func TestRejectToRetryNeverRejectsOutOfTheLoop(t *testing.T) {
 		headers   amqp.Table
 		cause     error
 		final     func(*pubtest.Publisher) middleware.Recoverer
-		want      middleware.Settlement
+		want      chainrun.Settlement
 		published bool
 		says      []string
 	}{
-		{"a retry is a rejection", xDeath("orders", "rejected", 1), errors.New("down"), reject, middleware.Reject, false,
+		{"a retry is a rejection", xDeath("orders", "rejected", 1), errors.New("down"), reject, chainrun.Reject, false,
 			[]string{"retry 2 of 2 through orders.retry"}},
-		{"retries used up, final rejects", xDeath("orders", "rejected", 2), errors.New("down"), reject, middleware.Requeue, false,
+		{"retries used up, final rejects", xDeath("orders", "rejected", 2), errors.New("down"), reject, chainrun.Requeue, false,
 			[]string{"orders dead-letters every rejection into orders.retry", "loop forever", "recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())",
 				`exchange "orders.dlx" with key "orders"`, "recoverer: Reject"}},
-		{"Permanent, final rejects", nil, middleware.Permanent(errors.New("invalid JSON")), reject, middleware.Requeue, false,
+		{"Permanent, final rejects", nil, middleware.Permanent(errors.New("invalid JSON")), reject, chainrun.Requeue, false,
 			[]string{"loop forever", "recoverer.Republish"}},
-		{"retries used up, final publishes", xDeath("orders", "rejected", 2), errors.New("down"), republish, middleware.Ack, true, nil},
-		{"Permanent, final publishes", nil, middleware.Permanent(errors.New("invalid JSON")), republish, middleware.Ack, true, nil},
+		{"retries used up, final publishes", xDeath("orders", "rejected", 2), errors.New("down"), republish, chainrun.Ack, true, nil},
+		{"Permanent, final publishes", nil, middleware.Permanent(errors.New("invalid JSON")), republish, chainrun.Ack, true, nil},
 		{"retries used up, final requeues", xDeath("orders", "rejected", 2), errors.New("down"),
-			func(*pubtest.Publisher) middleware.Recoverer { return recoverer.Requeue() }, middleware.Requeue, false, nil},
+			func(*pubtest.Publisher) middleware.Recoverer { return recoverer.Requeue() }, chainrun.Requeue, false, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			pub := &pubtest.Publisher{}
 			chain := middleware.Recover(topo.RejectToRetry(2, tt.final(pub)))
 			err := chain(func(context.Context, *amqp.Delivery) error { return tt.cause })(
-				middleware.WithQueue(context.Background(), topo.Queue), &amqp.Delivery{Headers: tt.headers})
-			if got := middleware.SettlementFor(err); got != tt.want {
+				chainrun.WithQueue(context.Background(), topo.Queue), &amqp.Delivery{Headers: tt.headers})
+			if got := chainrun.SettlementFor(err); got != tt.want {
 				t.Errorf("settled with %v (error %v), want %v", got, err, tt.want)
 			}
 			if got := len(pub.Sent()) == 1; got != tt.published {
 				t.Errorf("published %d messages, want published=%v", len(pub.Sent()), tt.published)
 			}
 			var retry interface{ RetriesThroughDeadLetters() bool }
-			if got := errors.As(err, &retry) && retry.RetriesThroughDeadLetters(); got != (tt.want == middleware.Reject) {
+			if got := errors.As(err, &retry) && retry.RetriesThroughDeadLetters(); got != (tt.want == chainrun.Reject) {
 				t.Errorf("error %v: RetriesThroughDeadLetters %v, want it exactly on the retries, which the listener must not report as a loop", err, got)
 			}
 			for _, want := range tt.says {

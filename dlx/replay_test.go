@@ -12,7 +12,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
@@ -35,7 +35,7 @@ func deadLetters(t *testing.T, topo dlx.Topology, n int) {
 		if err != nil || !ok {
 			t.Fatalf("get: %v %v", ok, err)
 		}
-		if err := rep.Recover(middleware.WithQueue(context.Background(), topo.Queue), &d, errors.New("bug 42")); err != nil {
+		if err := rep.Recover(chainrun.WithQueue(context.Background(), topo.Queue), &d, errors.New("bug 42")); err != nil {
 			t.Fatal(err)
 		}
 		_ = d.Ack(false)

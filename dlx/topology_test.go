@@ -19,6 +19,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/pubtest"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
@@ -422,7 +423,7 @@ func TestReplayWithACustomPrefix(t *testing.T) {
 	ch := brokertest.Channel(t, brokertest.Dial(t))
 	d, _, _ := ch.Get(topo.Queue, false)
 	rep := recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey(), recoverer.WithHeaderPrefix("acme-"))
-	if err := rep.Recover(middleware.WithQueue(context.Background(), topo.Queue), &d, errors.New("x")); err != nil {
+	if err := rep.Recover(chainrun.WithQueue(context.Background(), topo.Queue), &d, errors.New("x")); err != nil {
 		t.Fatal(err)
 	}
 	_ = d.Ack(false)

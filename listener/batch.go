@@ -13,6 +13,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // BatchHandler handles a batch of deliveries at once: one multi-row INSERT,
@@ -474,7 +475,7 @@ func (c *consumer) processFailed(run *batchRun, dd *delivery) {
 	defer func() {
 		if !returned { // runtime.Goexit in the handler, on a batch of one
 			c.goexited(dd)
-			run.settled(middleware.Requeue)
+			run.settled(chainrun.Requeue)
 		}
 	}()
 	d := &dd.Delivery
@@ -502,8 +503,8 @@ func (c *consumer) settleBatched(run *batchRun, dd *delivery, err error) {
 
 // settled notes that a message of run is settled: the last one ends the
 // batch's span.
-func (run *batchRun) settled(s middleware.Settlement) {
-	if s != middleware.Ack {
+func (run *batchRun) settled(s chainrun.Settlement) {
+	if s != chainrun.Ack {
 		run.notAcked.Add(1)
 	}
 	if run.unsettled.Add(-1) == 0 {
@@ -522,14 +523,14 @@ func (c *consumer) batchGoexited(run *batchRun) {
 	for _, dd := range run.dds {
 		if c.timedOut.Load() {
 			c.acks.forget(dd.tag)
-		} else if err := c.acks.settle(dd.tag, middleware.SettlementFor(errGoexit)); err == nil {
+		} else if err := c.acks.settle(dd.tag, chainrun.SettlementFor(errGoexit)); err == nil {
 			l.stats.requeued.Add(1)
 			l.stats.failed.Add(1)
 		}
 		c.pending.Done()
 		c.inFlight.Add(-1)
 		dd.place.Store(settled)
-		run.settled(middleware.Requeue)
+		run.settled(chainrun.Requeue)
 	}
 	c.current.CompareAndSwap(run.dds[0], nil)
 	c.spawnReader()

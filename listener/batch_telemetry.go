@@ -11,7 +11,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/errtext"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // Events on a batch's process span (NewBatch), with AttrBatchIndex, the
@@ -80,13 +80,13 @@ func (s batchSpan) failed(dd *delivery, err error) {
 	if !s.span.IsRecording() {
 		return
 	}
-	attrs := append(messageAttrs(dd, 2), semconv.ErrorTypeKey.String(middleware.ErrorType(err)),
+	attrs := append(messageAttrs(dd, 2), semconv.ErrorTypeKey.String(chainrun.ErrorType(err)),
 		attribute.String(telemetry.KeyExceptionMessage, errtext.String(err)))
 	s.span.AddEvent(EventMessageFailed, trace.WithAttributes(attrs...))
 }
 
 // settled notes how a message whose chain ran was settled.
-func (s batchSpan) settled(dd *delivery, settlement middleware.Settlement) {
+func (s batchSpan) settled(dd *delivery, settlement chainrun.Settlement) {
 	if !s.span.IsRecording() {
 		return
 	}

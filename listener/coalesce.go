@@ -8,9 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/amqpretry/amqpretry/middleware"
 )
 
 // Ack coalescing (WithAckCoalescing) acks a run of handled deliveries with
@@ -137,7 +136,7 @@ func (s *settler) received(tag uint64) {
 // then nil, and an ack that fails later is told to lost); a reject or a
 // nack goes out at once, alone, after the acks of the handled deliveries
 // below it.
-func (s *settler) settle(tag uint64, how middleware.Settlement) error {
+func (s *settler) settle(tag uint64, how chainrun.Settlement) error {
 	if !s.coalescing() {
 		return s.alone(tag, how)
 	}
@@ -147,7 +146,7 @@ func (s *settler) settle(tag uint64, how middleware.Settlement) error {
 		return errAbandoned
 	}
 	i := s.find(tag)
-	if how == middleware.Ack && i >= 0 {
+	if how == chainrun.Ack && i >= 0 {
 		s.out[i].handled = true
 		s.waiting++
 		if s.waiting == 1 {
@@ -303,17 +302,17 @@ func (s *settler) ack(tag uint64, multiple bool, n int) {
 	s.acked.Add(uint64(n))
 }
 
-// alone settles one delivery by itself, as middleware.Settle does.
-func (s *settler) alone(tag uint64, how middleware.Settlement) error {
+// alone settles one delivery by itself, as chainrun.Settle does.
+func (s *settler) alone(tag uint64, how chainrun.Settlement) error {
 	var err error
 	switch how {
-	case middleware.Ack:
+	case chainrun.Ack:
 		if err = s.ch.Ack(tag, false); err == nil {
 			s.acked.Add(1)
 		}
-	case middleware.Reject:
+	case chainrun.Reject:
 		err = s.ch.Reject(tag, false)
-	case middleware.Release:
+	case chainrun.Release:
 		err = s.ch.Nack(tag, false, true)
 	default:
 		err = s.ch.Reject(tag, true)

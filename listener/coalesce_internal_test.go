@@ -13,7 +13,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // modelChannel is an amqp.Acknowledger that settles as RabbitMQ does and
@@ -191,8 +191,8 @@ func (r *rig) do(t *testing.T, step string) {
 		r.m.mu.Unlock()
 	default:
 		tag := tagOf(step[1:])
-		how := map[byte]middleware.Settlement{'a': middleware.Ack, 'q': middleware.Requeue, 'x': middleware.Reject, 'n': middleware.Release}[step[0]]
-		if how == middleware.Ack {
+		how := map[byte]chainrun.Settlement{'a': chainrun.Ack, 'q': chainrun.Requeue, 'x': chainrun.Reject, 'n': chainrun.Release}[step[0]]
+		if how == chainrun.Ack {
 			r.m.handled(tag)
 		}
 		if err := r.s.settle(tag, how); err != nil && r.m.fail == nil && !errors.Is(err, errAbandoned) {
@@ -314,11 +314,11 @@ func TestSettlerRandomOrders(t *testing.T) {
 					delete(r.m.unsettled, tag) // the broker took it back
 					r.m.mu.Unlock()
 				case o < 3:
-					_ = r.s.settle(tag, []middleware.Settlement{middleware.Requeue, middleware.Reject, middleware.Release}[rnd.IntN(3)])
+					_ = r.s.settle(tag, []chainrun.Settlement{chainrun.Requeue, chainrun.Reject, chainrun.Release}[rnd.IntN(3)])
 				default:
 					r.m.handled(tag)
 					handled++
-					_ = r.s.settle(tag, middleware.Ack)
+					_ = r.s.settle(tag, chainrun.Ack)
 				}
 			default: // time passes
 				r.clock += int64(time.Duration(rnd.IntN(60)) * time.Millisecond)
@@ -337,7 +337,7 @@ func TestSettlerRandomOrders(t *testing.T) {
 		for _, tag := range inFlight {
 			r.m.handled(tag)
 			handled++
-			_ = r.s.settle(tag, middleware.Ack)
+			_ = r.s.settle(tag, chainrun.Ack)
 		}
 		r.s.close(true)
 		if len(r.m.unsettled) != 0 || r.acked.Load() != uint64(handled) {
@@ -361,7 +361,7 @@ func TestSettlerFlusherWritesAfterTheDelay(t *testing.T) {
 		m.deliver(tag)
 		s.received(tag)
 		m.handled(tag)
-		if err := s.settle(tag, middleware.Ack); err != nil {
+		if err := s.settle(tag, chainrun.Ack); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -390,7 +390,7 @@ func BenchmarkSettler(b *testing.B) {
 			for b.Loop() {
 				tag++
 				s.received(tag)
-				_ = s.settle(tag, middleware.Ack)
+				_ = s.settle(tag, chainrun.Ack)
 			}
 			s.close(true)
 			wg.Wait()

@@ -19,6 +19,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/errtext"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // consumer is one channel with its own prefetch and basic.consume. It runs one
@@ -200,7 +201,7 @@ func (sv *supervisor) chainContext(ctx context.Context, interrupt <-chan struct{
 
 // A consumer's deliveries are handled on the goroutine that reads them, so
 // a healthy message costs no goroutine of its own. When a delivery is about
-// to wait (middleware.WillWait: a backoff, a recoverer's publish, a requeue
+// to wait (chainrun.WillWait: a backoff, a recoverer's publish, a requeue
 // delay), it is parked: its goroutine hands the reading over to a new one
 // and stays with the delivery. Exactly one goroutine reads at a time.
 
@@ -532,18 +533,18 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 // the processing time is recorded for each delivery either way. It returns
 // the settlement made, or the one meant for a delivery that could not be
 // settled (its channel is gone).
-func (c *consumer) settle(dd *delivery, span trace.Span, err error) middleware.Settlement {
+func (c *consumer) settle(dd *delivery, span trace.Span, err error) chainrun.Settlement {
 	l := c.sv.l
 	d := &dd.Delivery
 	ctx := dd.Context
-	settlement := middleware.SettlementFor(err)
-	if (settlement == middleware.Requeue || settlement == middleware.Reject) && ctx.Err() != nil {
+	settlement := chainrun.SettlementFor(err)
+	if (settlement == chainrun.Requeue || settlement == chainrun.Reject) && ctx.Err() != nil {
 		// The listener ended the delivery's context (the shutdown timeout
 		// passed, its channel died): what failed then is not the message's
 		// fault, even a Permanent error (a lookup cut off, say), and it goes
 		// back with a nack, not to the queue's DLX.
 		err = &middleware.InterruptedError{Reason: context.Cause(ctx), Last: err}
-		settlement = middleware.Release
+		settlement = chainrun.Release
 	}
 	// Processing is over: the span and the duration do not include the
 	// requeue delay that may follow.
@@ -552,18 +553,18 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) middleware.S
 		if o, counted := l.classify(dd, err, settlement); counted && (dd.fate == nil || !dd.fate.recorded) && l.killSwitch.record(time.Now(), o) {
 			l.stopAllConsumers()
 		}
-		if (settlement == middleware.Reject || settlement == middleware.Requeue) && l.tripped() {
+		if (settlement == chainrun.Reject || settlement == chainrun.Requeue) && l.tripped() {
 			// Once the switch has tripped, a failure goes back to the
 			// queue untouched, as the chain's recoverer would have had it:
 			// a reject without requeue would hand it to the queue's DLX.
 			err = &middleware.InterruptedError{Reason: errTripped, Last: err}
-			settlement = middleware.Release
+			settlement = chainrun.Release
 		}
 	}
 	// A redelivery through the broker (dlx's Redeliver) waits in the queue
 	// instead of here.
-	redeliver := settlement == middleware.Requeue && redeliversThroughBroker(err)
-	if settlement == middleware.Requeue && !redeliver {
+	redeliver := settlement == chainrun.Requeue && redeliversThroughBroker(err)
+	if settlement == chainrun.Requeue && !redeliver {
 		c.waitBeforeRequeue(dd)
 	}
 	if c.timedOut.Load() {
@@ -578,19 +579,19 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) middleware.S
 		return settlement
 	}
 	switch settlement {
-	case middleware.Ack: // counted in Handled as its ack is written
+	case chainrun.Ack: // counted in Handled as its ack is written
 		if dd.fate != nil && dd.fate.to != "" {
 			l.recovered(dd.MessageId, dd.fate)
 		}
 		return settlement
-	case middleware.Requeue, middleware.Release:
+	case chainrun.Requeue, chainrun.Release:
 		l.stats.requeued.Add(1)
-	case middleware.Reject:
+	case chainrun.Reject:
 		l.stats.rejected.Add(1)
 	}
 	l.stats.failed.Add(1)
 	switch {
-	case settlement == middleware.Release: // the listener's doing, not a failure
+	case settlement == chainrun.Release: // the listener's doing, not a failure
 	case redeliver:
 		// One try of several the broker makes (dlx's Redeliver), as a
 		// Retry's attempt is: the dead letter, if it comes to that, is
@@ -601,7 +602,7 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) middleware.S
 	default:
 		l.cfg.logger.Warn("listener: message failed", "queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag, "settlement", settlement.String(), "error", errtext.String(err))
 	}
-	if settlement == middleware.Reject && rejectLoops(d, l.queue, err) {
+	if settlement == chainrun.Reject && rejectLoops(d, l.queue, err) {
 		l.cfg.logger.Error("listener: a message rejected for good came back to this queue after an earlier rejection from it, "+
 			"so it may loop: if the queue dead-letters into a retry queue that returns here (dlx.Topology with SingleRetryDelay), "+
 			"a Permanent error or recoverer.Reject never reaches a DLQ. End the chain with "+
@@ -633,7 +634,7 @@ func (c *consumer) goexited(dd *delivery) {
 		"queue", l.queue, "message_id", dd.MessageId, "delivery_tag", dd.DeliveryTag)
 	if c.timedOut.Load() {
 		c.acks.forget(dd.tag)
-	} else if err := c.acks.settle(dd.tag, middleware.SettlementFor(errGoexit)); err == nil {
+	} else if err := c.acks.settle(dd.tag, chainrun.SettlementFor(errGoexit)); err == nil {
 		l.stats.requeued.Add(1)
 		l.stats.failed.Add(1)
 	}

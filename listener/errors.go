@@ -71,7 +71,7 @@ func (e *RedeliveryLimitError) Error() string {
 func (e *RedeliveryLimitError) Is(target error) bool { return target == ErrRedeliveryLimit }
 
 // AttemptsMade reports the deliveries, for recoverers that write the attempt
-// count (middleware.AttemptsMade).
+// count (chainrun.AttemptsMade).
 func (e *RedeliveryLimitError) AttemptsMade() int { return e.Deliveries }
 
 func plural(n int) string {

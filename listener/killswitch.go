@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // KillSwitch stops consuming while most deliveries fail for good, as during
@@ -266,13 +267,13 @@ func (l *Listener) recordFailure(dd *delivery, cause error) error {
 
 // classify tells a delivery's end to the kill switch: counted is false for
 // a release (shutdown, an interrupted wait, the trip itself).
-func (l *Listener) classify(dd *delivery, err error, s middleware.Settlement) (o outcome, counted bool) {
+func (l *Listener) classify(dd *delivery, err error, s chainrun.Settlement) (o outcome, counted bool) {
 	var cause error
 	if dd.fate != nil {
 		cause = dd.fate.failedFor
 	}
 	switch {
-	case s == middleware.Release:
+	case s == chainrun.Release:
 		return succeeded, false
 	case cause == nil && err == nil:
 		return succeeded, true

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 func TestKillSwitchStateMachine(t *testing.T) {
@@ -93,18 +94,18 @@ func TestKillSwitchClassifiesOutcomes(t *testing.T) {
 	tests := []struct {
 		name            string
 		failedFor, err  error
-		settlement      middleware.Settlement
+		settlement      chainrun.Settlement
 		ignorePermanent bool
 		o               outcome
 		counted         bool
 	}{
-		{"handled", nil, nil, middleware.Ack, false, succeeded, true},
-		{"recovered after exhausted retries", &middleware.RetriesExhaustedError{Attempts: 3, Last: boom}, nil, middleware.Ack, false, failed, true},
-		{"requeued after a failure", nil, boom, middleware.Requeue, false, failed, true},
-		{"permanent, rejected", nil, middleware.Permanent(boom), middleware.Reject, false, failed, true},
-		{"permanent, ignored", nil, middleware.Permanent(boom), middleware.Reject, true, ignored, true},
-		{"permanent, recovered, ignored", middleware.Permanent(boom), nil, middleware.Ack, true, ignored, true},
-		{"released at shutdown", nil, &middleware.InterruptedError{Reason: context.Canceled}, middleware.Release, false, succeeded, false},
+		{"handled", nil, nil, chainrun.Ack, false, succeeded, true},
+		{"recovered after exhausted retries", &middleware.RetriesExhaustedError{Attempts: 3, Last: boom}, nil, chainrun.Ack, false, failed, true},
+		{"requeued after a failure", nil, boom, chainrun.Requeue, false, failed, true},
+		{"permanent, rejected", nil, middleware.Permanent(boom), chainrun.Reject, false, failed, true},
+		{"permanent, ignored", nil, middleware.Permanent(boom), chainrun.Reject, true, ignored, true},
+		{"permanent, recovered, ignored", middleware.Permanent(boom), nil, chainrun.Ack, true, ignored, true},
+		{"released at shutdown", nil, &middleware.InterruptedError{Reason: context.Canceled}, chainrun.Release, false, succeeded, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // When the connection dies under a running handler, the handler's context is
@@ -143,7 +144,7 @@ func TestLateWillWaitStartsNoSecondReader(t *testing.T) {
 		if once.CompareAndSwap(false, true) {
 			go func() {
 				time.Sleep(100 * time.Millisecond)
-				middleware.WillWait(ctx)
+				chainrun.WillWait(ctx)
 				close(parked)
 			}()
 		}

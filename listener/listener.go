@@ -14,6 +14,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/errtext"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // Listener consumes one queue with a pool of consumers, runs every delivery
@@ -402,7 +403,7 @@ func (l *Listener) recovered(messageID string, r *recovery) {
 	l.stats.deadLettered.Add(1)
 	l.tel.DeadLettered.Add(context.Background(), 1, l.attrs.queue.Add...)
 	l.cfg.logger.Warn("listener: message dead-lettered", "queue", l.queue, "message_id", messageID, "to", r.to,
-		"attempts", r.attempts, "error_type", middleware.ErrorType(r.failedFor), "error", errtext.String(middleware.HandlerError(r.failedFor)))
+		"attempts", r.attempts, "error_type", chainrun.ErrorType(r.failedFor), "error", errtext.String(chainrun.HandlerError(r.failedFor)))
 }
 
 // Queue is the queue the listener consumes.

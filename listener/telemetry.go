@@ -12,7 +12,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/errtext"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // AttrSettlement ("amqpretry.settlement") is the process span attribute that
@@ -155,14 +155,14 @@ func (l *Listener) startProcess(ctx context.Context, d *amqp.Delivery, buf *span
 }
 
 // settlementAttrs are the amqpretry.settlement attributes, built once.
-var settlementAttrs = func() (attrs [middleware.Release + 1][]attribute.KeyValue) {
-	for s := middleware.Ack; s <= middleware.Release; s++ {
+var settlementAttrs = func() (attrs [chainrun.Release + 1][]attribute.KeyValue) {
+	for s := chainrun.Ack; s <= chainrun.Release; s++ {
 		attrs[s] = []attribute.KeyValue{attribute.String(AttrSettlement, s.String())}
 	}
 	return attrs
 }()
 
-func settlementAttr(s middleware.Settlement) []attribute.KeyValue {
+func settlementAttr(s chainrun.Settlement) []attribute.KeyValue {
 	if int(s) < len(settlementAttrs) && settlementAttrs[s] != nil {
 		return settlementAttrs[s]
 	}
@@ -170,17 +170,17 @@ func settlementAttr(s middleware.Settlement) []attribute.KeyValue {
 }
 
 // endProcess closes the span and records the processing time.
-func (l *Listener) endProcess(ctx context.Context, span trace.Span, began int64, err error, s middleware.Settlement) {
+func (l *Listener) endProcess(ctx context.Context, span trace.Span, began int64, err error, s chainrun.Settlement) {
 	attrs := l.attrs.ok
-	failed := s != middleware.Ack
+	failed := s != chainrun.Ack
 	if failed {
-		attrs = l.tel.Messaging(telemetry.OperationProcess, l.queue, middleware.ErrorType(err))
+		attrs = l.tel.Messaging(telemetry.OperationProcess, l.queue, chainrun.ErrorType(err))
 	}
 	if span.IsRecording() {
 		span.SetAttributes(settlementAttr(s)...)
 		if failed {
 			span.SetStatus(codes.Error, errtext.String(err))
-			span.SetAttributes(semconv.ErrorTypeKey.String(middleware.ErrorType(err)))
+			span.SetAttributes(semconv.ErrorTypeKey.String(chainrun.ErrorType(err)))
 		}
 	}
 	span.End()

@@ -96,11 +96,12 @@
 //
 // A Middleware is a func(Handler) Handler; a Recoverer has one method, and
 // RecovererFunc adapts a function. A middleware of yours that waits (a rate
-// limiter, a lock) should call WillWait first, so that the listener keeps
-// reading deliveries while it waits. A recoverer of yours reads the queue
-// with Queue(ctx) and the attempts made with AttemptsMade(cause). To run a
-// chain on an amqp091 consumer of your own instead of the listener, give it
-// the queue name with WithQueue and settle each delivery with Settle.
+// limiter, a lock) should call chainrun.WillWait first, so that the listener
+// keeps reading deliveries while it waits. A recoverer of yours reads the
+// queue with chainrun.Queue(ctx) and the attempts made with
+// chainrun.AttemptsMade(cause). To run a chain on an amqp091 consumer of
+// your own instead of the listener, package middleware/chainrun has what the
+// listener does: WithQueue, WithInterrupt, and Settle for each delivery.
 //
 // # Invalid arguments
 //

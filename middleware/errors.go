@@ -8,6 +8,7 @@ import (
 	"os"
 	"unicode/utf8"
 
+	"github.com/amqpretry/amqpretry/internal/chainerr"
 	"github.com/amqpretry/amqpretry/internal/errtree"
 
 	"github.com/cenkalti/backoff/v4"
@@ -154,10 +155,16 @@ func plural(n int) string {
 	return "s"
 }
 
-// HandlerError strips the library's own wrappers (retries exhausted, Retry's
+// middleware/chainrun exports these; they live here because they read this
+// package's unexported error types and this package uses them itself.
+func init() {
+	chainerr.HandlerError, chainerr.ErrorType, chainerr.AttemptsMade = handlerError, errorType, attemptsMade
+}
+
+// handlerError strips the library's own wrappers (retries exhausted, Retry's
 // early stop, Permanent, backoff.Permanent) to reach the error the handler
-// returned, with the handler's own wrapping intact.
-func HandlerError(err error) error {
+// returned, with the handler's own wrapping intact (chainrun.HandlerError).
+func handlerError(err error) error {
 	for {
 		switch e := err.(type) {
 		case *RetriesExhaustedError:
@@ -174,25 +181,15 @@ func HandlerError(err error) error {
 	}
 }
 
-// ErrorType names an error for telemetry (error.type) and fault headers
-// (x-amqpretry-error-type), for grouping failures by cause: "panic" for a
-// handler panic; otherwise the Go type of the innermost error of the
-// handler's error (HandlerError), reached through every Unwrap (the first of
-// several, as with errors.Join or fmt.Errorf with two %w): wrappers that add
-// context (fmt.Errorf's %w, errors.Join, a *url.Error, inbox.CommitError)
-// give way to the cause, *json.SyntaxError or *pgconn.PgError. An innermost
-// error made by errors.New, reached through a wrapper, is a sentinel and is
-// named by its value: io.EOF and a few other well-known ones by their Go
-// names, others as errors.New("its text") (its first 64 bytes); one returned
-// as it is stays *errors.errorString (its text may be anything: the fault
-// header x-exception-message has it). The whole chain stays in the message.
-func ErrorType(err error) (name string) {
+// errorType names an error's cause for telemetry and fault headers; the
+// rules are chainrun.ErrorType's doc.
+func errorType(err error) (name string) {
 	defer func() {
 		if recover() != nil { // an As or Unwrap method of the user's panicked
 			name = errtree.TypeName(err)
 		}
 	}()
-	err = HandlerError(err)
+	err = handlerError(err)
 	if _, ok := errtree.As[*PanicError](err); ok {
 		return "panic"
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 func TestIsPermanent(t *testing.T) {
@@ -96,7 +97,7 @@ func TestHandlerError(t *testing.T) {
 		backoff.Permanent(wrapped),
 		&middleware.RetriesExhaustedError{Attempts: 3, Last: middleware.Permanent(wrapped)},
 	} {
-		if got := middleware.HandlerError(err); got != wrapped {
+		if got := chainrun.HandlerError(err); got != wrapped {
 			t.Errorf("HandlerError(%T) = %v, want the handler's own error", err, got)
 		}
 	}

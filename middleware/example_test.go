@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // Retry(5) makes at most five attempts, the first call included, and waits
@@ -52,7 +53,7 @@ func ExampleRecover() {
 	)
 	h := chain(func(context.Context, *amqp.Delivery) error { return errors.New("no such customer") })
 	err := h(context.Background(), &amqp.Delivery{Body: []byte("msg1")})
-	fmt.Println("settlement:", middleware.SettlementFor(err))
+	fmt.Println("settlement:", chainrun.SettlementFor(err))
 	// Output:
 	// to the DLQ after attempt 3: msg1 (no such customer)
 	// settlement: ack
@@ -67,7 +68,7 @@ func ExamplePermanent() {
 		return middleware.Permanent(errors.New("invalid JSON"))
 	}
 	err := middleware.Retry(5)(handle)(context.Background(), &amqp.Delivery{})
-	fmt.Println(calls, "call;", err, ";", middleware.SettlementFor(err))
+	fmt.Println(calls, "call;", err, ";", chainrun.SettlementFor(err))
 	// Output: 1 call; invalid JSON ; reject
 }
 
@@ -86,22 +87,6 @@ func ExampleChain() {
 	// Output: handled m-1: middleware: retries exhausted after 2 attempts: timeout
 }
 
-func ExampleSettlementFor() {
-	for _, err := range []error{
-		nil,
-		errors.New("timeout"),
-		middleware.Permanent(errors.New("invalid JSON")),
-		&middleware.RecoveryError{Err: errors.New("DLX publish nacked"), Cause: errors.New("timeout")},
-	} {
-		fmt.Println(middleware.SettlementFor(err))
-	}
-	// Output:
-	// ack
-	// requeue
-	// reject
-	// requeue
-}
-
 // Each class of error gets its own schedule: a timeout five quick attempts,
 // a validation error none, the rest Retry's own three. The first rule
 // whose class matches decides, and the dead letter and the spans name it.
@@ -116,8 +101,8 @@ func ExampleRetryOn() {
 		middleware.NoRetryOn(invalid),
 	)
 	dlq := middleware.RecovererFunc(func(ctx context.Context, d *amqp.Delivery, cause error) error {
-		n, _ := middleware.AttemptsMade(cause)
-		fmt.Printf("%s: to the DLQ after %d attempt(s), rule %q: %v\n", d.Body, n, middleware.RuleApplied(ctx, cause), middleware.HandlerError(cause))
+		n, _ := chainrun.AttemptsMade(cause)
+		fmt.Printf("%s: to the DLQ after %d attempt(s), rule %q: %v\n", d.Body, n, middleware.RuleApplied(ctx, cause), chainrun.HandlerError(cause))
 		return nil
 	})
 	chain := middleware.Chain(middleware.Recover(dlq), retry)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // gate admits one handler at a time, as one listener consumer does.
@@ -87,7 +88,7 @@ func TestWillWaitIsCalledBeforeEveryWait(t *testing.T) {
 	if p.n != 0 {
 		t.Fatalf("WillWait called %d times on success, want 0", p.n)
 	}
-	middleware.WillWait(context.Background()) // no hook: nothing happens
+	chainrun.WillWait(context.Background()) // no hook: nothing happens
 }
 
 // A context type of one's own (the listener's) can carry the hook without
@@ -106,7 +107,7 @@ func (c hookContext) Value(key any) any {
 
 func TestWaitHookKey(t *testing.T) {
 	p := &countingHook{}
-	middleware.WillWait(hookContext{context.Background(), p})
+	chainrun.WillWait(hookContext{context.Background(), p})
 	if p.n != 1 {
 		t.Fatalf("WillWait called the hook %d times, want 1", p.n)
 	}

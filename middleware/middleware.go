@@ -10,7 +10,7 @@ import (
 // Handler processes one delivery. It returns nil when the message is handled,
 // an error to have it retried, or Permanent(err) when retrying cannot help.
 // A Handler never acks or rejects the delivery itself: the listener settles it
-// from the error (see Settle).
+// from the error (see the package doc, "What a handler returns").
 type Handler func(ctx context.Context, d *amqp.Delivery) error
 
 // Middleware wraps a Handler with behaviour that runs around it.

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 func explode(context.Context, *amqp.Delivery) error { panic("index out of range") }
@@ -52,7 +53,7 @@ func TestPanicWithPermanentErrorIsNotRetried(t *testing.T) {
 	calls := 0
 	h := func(context.Context, *amqp.Delivery) error { calls++; panic(middleware.Permanent(errBoom)) }
 	err := middleware.Chain(middleware.Retry(3), middleware.CatchPanics())(h)(context.Background(), &amqp.Delivery{})
-	if calls != 1 || middleware.SettlementFor(err) != middleware.Reject || !errors.Is(err, errBoom) {
+	if calls != 1 || chainrun.SettlementFor(err) != chainrun.Reject || !errors.Is(err, errBoom) {
 		t.Fatalf("err = %v after %d calls, want a rejected permanent panic after 1", err, calls)
 	}
 }
@@ -78,10 +79,10 @@ func TestCatchPanicsVetsTheHandlersError(t *testing.T) {
 	if got := middleware.CatchPanics()(func(context.Context, *amqp.Delivery) error { return plain })(context.Background(), &amqp.Delivery{}); got != plain {
 		t.Errorf("a plain error came back as %v", got)
 	}
-	if got := middleware.SettlementFor(fmt.Errorf("wrapped: %w", error(hostile))); got != middleware.Requeue {
+	if got := chainrun.SettlementFor(fmt.Errorf("wrapped: %w", error(hostile))); got != chainrun.Requeue {
 		t.Errorf("SettlementFor(hostile) = %v, want requeue", got)
 	}
-	if got := middleware.ErrorType(hostile); got != "*middleware_test.unwrapPanics" {
+	if got := chainrun.ErrorType(hostile); got != "*middleware_test.unwrapPanics" {
 		t.Errorf("ErrorType(hostile) = %q", got)
 	}
 }

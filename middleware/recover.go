@@ -80,7 +80,7 @@ func Recover(r Recoverer, opts ...RecoverOption) Middleware {
 				// message goes back to the queue, not to the recoverer.
 				return &InterruptedError{Attempt: Attempt(ctx), Reason: stop, Last: err}
 			}
-			WillWait(ctx) // a recoverer does I/O, which may wait out an outage
+			chainctx.WillWait(ctx) // a recoverer does I/O, which may wait out an outage
 			rerr := r.Recover(ctx, d, err)
 			rule := RuleApplied(ctx, err)
 			switch {
@@ -107,18 +107,6 @@ func Recover(r Recoverer, opts ...RecoverOption) Middleware {
 		}
 	}
 }
-
-// WithQueue records the queue a delivery came from, which amqp.Delivery does
-// not carry, for the recoverers of the chain (recoverer.Republish writes it
-// into the fault headers). The listener does it for you; call it when you
-// run a chain on an amqp091 consumer of your own.
-func WithQueue(ctx context.Context, queue string) context.Context {
-	return chainctx.WithQueue(ctx, queue)
-}
-
-// Queue returns the queue the delivery came from, for a Recoverer of your
-// own, or "" when nobody called WithQueue.
-func Queue(ctx context.Context) string { return chainctx.Queue(ctx) }
 
 // recorded counts a recovery and notes it on the current span: an attempt's
 // from the second attempt on, else the delivery's process span.
@@ -174,7 +162,7 @@ func (c *recoverConfig) tell(ctx context.Context, d *amqp.Delivery, cause, err e
 	if len(c.hooks) == 0 {
 		return
 	}
-	attempt, ok := AttemptsMade(cause)
+	attempt, ok := attemptsMade(cause)
 	if !ok {
 		attempt = Attempt(ctx)
 	}

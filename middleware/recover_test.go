@@ -12,6 +12,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 func TestRecoverWithRetry(t *testing.T) {
@@ -25,61 +26,61 @@ func TestRecoverWithRetry(t *testing.T) {
 		recoverErr   error
 		wantCalls    int
 		wantRecovers []int // Attempt(ctx) seen by each Recover call
-		wantResult   middleware.Settlement
+		wantResult   chainrun.Settlement
 	}{
 		{
 			name: "retry outside: only the last attempt is recovered",
 			chain: func(r middleware.Recoverer) middleware.Middleware {
 				return middleware.Chain(middleware.Retry(3, fake(middleware.NewFakeClock())), middleware.Recover(r))
 			},
-			failures: 100, err: errBoom, wantCalls: 3, wantRecovers: []int{3}, wantResult: middleware.Ack,
+			failures: 100, err: errBoom, wantCalls: 3, wantRecovers: []int{3}, wantResult: chainrun.Ack,
 		},
 		{
 			name: "retry inside: the exhausted error is recovered once",
 			chain: func(r middleware.Recoverer) middleware.Middleware {
 				return middleware.Chain(middleware.Recover(r), middleware.Retry(3, fake(middleware.NewFakeClock())))
 			},
-			failures: 100, err: errBoom, wantCalls: 3, wantRecovers: []int{1}, wantResult: middleware.Ack,
+			failures: 100, err: errBoom, wantCalls: 3, wantRecovers: []int{1}, wantResult: chainrun.Ack,
 		},
 		{
 			name: "success after a retry is not recovered",
 			chain: func(r middleware.Recoverer) middleware.Middleware {
 				return middleware.Chain(middleware.Retry(3, fake(middleware.NewFakeClock())), middleware.Recover(r))
 			},
-			failures: 1, err: errBoom, wantCalls: 2, wantRecovers: nil, wantResult: middleware.Ack,
+			failures: 1, err: errBoom, wantCalls: 2, wantRecovers: nil, wantResult: chainrun.Ack,
 		},
 		{
 			name: "permanent is recovered at once",
 			chain: func(r middleware.Recoverer) middleware.Middleware {
 				return middleware.Chain(middleware.Retry(5, fake(middleware.NewFakeClock())), middleware.Recover(r))
 			},
-			failures: 100, err: middleware.Permanent(errBoom), wantCalls: 1, wantRecovers: []int{1}, wantResult: middleware.Ack,
+			failures: 100, err: middleware.Permanent(errBoom), wantCalls: 1, wantRecovers: []int{1}, wantResult: chainrun.Ack,
 		},
 		{
 			name: "non-retryable is recovered at once",
 			chain: func(r middleware.Recoverer) middleware.Middleware {
 				return middleware.Chain(middleware.Retry(5, fake(middleware.NewFakeClock()), middleware.RetryIf(func(error) bool { return false })), middleware.Recover(r))
 			},
-			failures: 100, err: errBoom, wantCalls: 1, wantRecovers: []int{1}, wantResult: middleware.Ack,
+			failures: 100, err: errBoom, wantCalls: 1, wantRecovers: []int{1}, wantResult: chainrun.Ack,
 		},
 		{
 			name:     "no retry: the first error is recovered",
 			chain:    func(r middleware.Recoverer) middleware.Middleware { return middleware.Recover(r) },
-			failures: 100, err: errBoom, wantCalls: 1, wantRecovers: []int{1}, wantResult: middleware.Ack,
+			failures: 100, err: errBoom, wantCalls: 1, wantRecovers: []int{1}, wantResult: chainrun.Ack,
 		},
 		{
 			name: "a failed recovery requeues, even of a permanent error",
 			chain: func(r middleware.Recoverer) middleware.Middleware {
 				return middleware.Chain(middleware.Retry(3, fake(middleware.NewFakeClock())), middleware.Recover(r))
 			},
-			failures: 100, err: middleware.Permanent(errBoom), recoverErr: errPublish, wantCalls: 1, wantRecovers: []int{1}, wantResult: middleware.Requeue,
+			failures: 100, err: middleware.Permanent(errBoom), recoverErr: errPublish, wantCalls: 1, wantRecovers: []int{1}, wantResult: chainrun.Requeue,
 		},
 		{
 			name: "a failed recovery after exhaustion requeues and is not retried",
 			chain: func(r middleware.Recoverer) middleware.Middleware {
 				return middleware.Chain(middleware.Retry(3, fake(middleware.NewFakeClock())), middleware.Recover(r))
 			},
-			failures: 100, err: errBoom, recoverErr: errPublish, wantCalls: 3, wantRecovers: []int{3}, wantResult: middleware.Requeue,
+			failures: 100, err: errBoom, recoverErr: errPublish, wantCalls: 3, wantRecovers: []int{3}, wantResult: chainrun.Requeue,
 		},
 	}
 	for _, tt := range tests {
@@ -98,7 +99,7 @@ func TestRecoverWithRetry(t *testing.T) {
 					t.Errorf("recoverer got cause %v, want one wrapping errBoom", cause)
 				}
 			}
-			if got := middleware.SettlementFor(err); got != tt.wantResult {
+			if got := chainrun.SettlementFor(err); got != tt.wantResult {
 				t.Errorf("chain returned %v, settled as %v, want %v", err, got, tt.wantResult)
 			}
 			if tt.recoverErr != nil && (!errors.Is(err, middleware.ErrRecoveryFailed) || !errors.Is(err, tt.recoverErr)) {
@@ -133,7 +134,7 @@ func TestRecoverNeverRecoversInterruptions(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 		cancel()
 		err := <-done
-		if r.Calls() != 0 || middleware.SettlementFor(err) != middleware.Release || !errors.Is(err, middleware.ErrInterrupted) {
+		if r.Calls() != 0 || chainrun.SettlementFor(err) != chainrun.Release || !errors.Is(err, middleware.ErrInterrupted) {
 			t.Fatalf("err = %v, %d recoveries; want an interruption, released (nack with requeue), never recovered", err, r.Calls())
 		}
 	})
@@ -169,7 +170,7 @@ func TestRecovererAsksToReject(t *testing.T) {
 	})
 	h := &failingHandler{failures: 100, err: errBoom}
 	err := middleware.Chain(middleware.Retry(2, middleware.WithClock(middleware.NewFakeClock())), middleware.Recover(r))(h.Handle)(context.Background(), &amqp.Delivery{})
-	if middleware.SettlementFor(err) != middleware.Reject || !errors.Is(err, errBoom) || errors.Is(err, middleware.ErrRecoveryFailed) {
+	if chainrun.SettlementFor(err) != chainrun.Reject || !errors.Is(err, errBoom) || errors.Is(err, middleware.ErrRecoveryFailed) {
 		t.Fatalf("err = %v, want a rejection that still shows the handler error", err)
 	}
 }
@@ -178,7 +179,7 @@ func TestQueueInContext(t *testing.T) {
 	if q := chainctx.Queue(context.Background()); q != "" {
 		t.Errorf("Queue without WithQueue = %q", q)
 	}
-	if q := chainctx.Queue(middleware.WithQueue(context.Background(), "orders")); q != "orders" {
+	if q := chainctx.Queue(chainrun.WithQueue(context.Background(), "orders")); q != "orders" {
 		t.Errorf("Queue = %q, want orders", q)
 	}
 }

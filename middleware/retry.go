@@ -2,12 +2,12 @@ package middleware
 
 import (
 	"context"
-	"github.com/amqpretry/amqpretry/internal/errtree"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/chainctx"
+	"github.com/amqpretry/amqpretry/internal/errtree"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
 
@@ -18,7 +18,7 @@ import (
 // It stops early when an error is Permanent, when RetryIf says no, when the
 // time limit would be passed, or when the wait is interrupted. When it stops
 // for a Permanent error or RetryIf it returns that error (same message, same
-// errors.Is and errors.As, with the count for AttemptsMade). When attempts
+// errors.Is and errors.As, with the count for chainrun.AttemptsMade). When attempts
 // run out it returns a *RetriesExhaustedError (ErrRetriesExhausted) that
 // unwraps to the last error; when the context ends or the listener shuts
 // down, an *InterruptedError (ErrInterrupted), which the listener releases
@@ -99,13 +99,9 @@ func Attempt(ctx context.Context) int {
 	return 1
 }
 
-// AttemptsMade reports how many attempts the Retry that returned err made,
-// when err came out of a Retry (exhausted, or stopped by a Permanent error or
-// RetryIf). A recoverer outside the Retry reads the count here; inside it,
-// Attempt(ctx) gives it. An error that knows its count from elsewhere says
-// so with an AttemptsMade() int method (listener.RedeliveryLimitError: the
-// deliveries that ended unsettled).
-func AttemptsMade(err error) (int, bool) {
+// attemptsMade reports how many attempts the Retry that returned err made
+// (chainrun.AttemptsMade).
+func attemptsMade(err error) (int, bool) {
 	if ex, ok := errtree.As[*RetriesExhaustedError](err); ok {
 		return ex.Attempts, true
 	}
@@ -120,7 +116,7 @@ func AttemptsMade(err error) (int, bool) {
 
 // stoppedError is the handler's error as Retry returns it when it stops
 // early: it reads and unwraps as that error, and carries the attempt count
-// for AttemptsMade and the rule for RuleApplied, so that a Recover outside
+// for attemptsMade and the rule for RuleApplied, so that a Recover outside
 // Retry can tell how many were made and why it stopped.
 type stoppedError struct {
 	attempts int

@@ -87,12 +87,12 @@ func (p *retryPolicy) execute(ctx context.Context, d *amqp.Delivery, next Handle
 // innermost handler only (the listener runs mw(gate(h))) is held while the
 // handler runs and free while the delivery sleeps here: other deliveries use
 // the worker meanwhile. A middleware between Retry and the handler that
-// holds a worker would hold it through the waits. WillWait tells the
+// holds a worker would hold it through the waits. chainctx.WillWait tells the
 // listener first, which hands the reading of its consumer's deliveries to
 // another goroutine (listener/consumer.go), so that a waiting delivery
 // never stalls its consumer.
 func (ex *execution) wait(ctx context.Context, delay time.Duration) error {
-	WillWait(ctx)
+	chainctx.WillWait(ctx)
 	ex.tel.Parked.Add(ctx, 1, ex.attrs.Queue.Add...)
 	err := ex.policy.clock.Wait(ctx, chainctx.Interrupt(ctx), delay)
 	ex.tel.Parked.Add(ctx, -1, ex.attrs.Queue.Add...)

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 var (
@@ -90,7 +91,7 @@ func TestRetryByErrorClass(t *testing.T) {
 			if !tt.wantExhaust && (!errors.Is(err, tt.err) || err.Error() != tt.err.Error()) {
 				t.Errorf("err = %v, want the handler's error, reading the same", err)
 			}
-			if n, _ := middleware.AttemptsMade(err); n != tt.wantCalls {
+			if n, _ := chainrun.AttemptsMade(err); n != tt.wantCalls {
 				t.Errorf("AttemptsMade = %d, want %d", n, tt.wantCalls)
 			}
 			for _, e := range events {

@@ -77,7 +77,7 @@ func (ex *execution) endAttempt(ctx context.Context, span trace.Span, outcome te
 		span.SetAttributes(outcome.Attr())
 		if err != nil {
 			span.SetStatus(codes.Error, errtext.String(err))
-			span.SetAttributes(semconv.ErrorTypeKey.String(ErrorType(err)))
+			span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
 		}
 		if rule != "" {
 			span.SetAttributes(attribute.String(AttrRetryRule, rule))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 func TestRetryAttempts(t *testing.T) {
@@ -67,7 +68,7 @@ func TestRetryAttempts(t *testing.T) {
 			if !tt.wantExhaust && (!errors.Is(err, tt.err) || err.Error() != tt.err.Error()) {
 				t.Errorf("err = %v, want the handler's error, reading the same", err)
 			}
-			if n, ok := middleware.AttemptsMade(err); !ok || n != tt.wantCalls {
+			if n, ok := chainrun.AttemptsMade(err); !ok || n != tt.wantCalls {
 				t.Errorf("AttemptsMade(err) = %d, %v; want %d", n, ok, tt.wantCalls)
 			}
 		})
@@ -340,10 +341,10 @@ func TestAttemptsAfterAnEarlyStop(t *testing.T) {
 		return middleware.Permanent(errBoom)
 	}
 	err := middleware.Retry(5, middleware.WithClock(middleware.NewFakeClock()))(permanentOnThird)(context.Background(), &amqp.Delivery{})
-	if n, ok := middleware.AttemptsMade(err); !ok || n != 3 || !middleware.IsPermanent(err) {
+	if n, ok := chainrun.AttemptsMade(err); !ok || n != 3 || !middleware.IsPermanent(err) {
 		t.Fatalf("Attempts = %d, %v (err %v); want 3 attempts and the error still permanent", n, ok, err)
 	}
-	if _, ok := middleware.AttemptsMade(errBoom); ok {
+	if _, ok := chainrun.AttemptsMade(errBoom); ok {
 		t.Error("Attempts found a count in an error that never went through Retry")
 	}
 }

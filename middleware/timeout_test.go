@@ -13,6 +13,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 func TestTimeout(t *testing.T) {
@@ -37,24 +38,24 @@ func TestTimeout(t *testing.T) {
 		h           middleware.Handler
 		wantTimeout bool
 		wantIgnored bool
-		settlement  middleware.Settlement
+		settlement  chainrun.Settlement
 		logged      bool
 	}{
-		{"in time", middleware.Timeout(time.Hour), func(context.Context, *amqp.Delivery) error { return nil }, false, false, middleware.Ack, false},
-		{"stops at the deadline", middleware.Timeout(5 * time.Millisecond), blockUntilDone, true, false, middleware.Requeue, false},
-		{"ignores the deadline", middleware.Timeout(5 * time.Millisecond), ignore, true, true, middleware.Requeue, true},
+		{"in time", middleware.Timeout(time.Hour), func(context.Context, *amqp.Delivery) error { return nil }, false, false, chainrun.Ack, false},
+		{"stops at the deadline", middleware.Timeout(5 * time.Millisecond), blockUntilDone, true, false, chainrun.Requeue, false},
+		{"ignores the deadline", middleware.Timeout(5 * time.Millisecond), ignore, true, true, chainrun.Requeue, true},
 		{"retried inside Retry", middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(time.Millisecond)), middleware.Timeout(5*time.Millisecond)),
-			slowOnce, false, false, middleware.Ack, false},
+			slowOnce, false, false, chainrun.Ack, false},
 		// Around a Retry the deadline cuts its wait: a timeout, a failure of
 		// the message, never the release a shutdown gets.
 		{"cuts a Retry's wait", middleware.Chain(middleware.Timeout(20*time.Millisecond), middleware.Retry(2, middleware.WithInitialInterval(time.Hour), middleware.WithMaxInterval(time.Hour))),
-			failOnce, true, false, middleware.Requeue, false},
+			failOnce, true, false, chainrun.Requeue, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			calls = 0
 			var log testlog.Buffer
-			ctx := chainctx.WithLogger(middleware.WithQueue(context.Background(), "orders"), slog.New(slog.NewTextHandler(&log, nil)))
+			ctx := chainctx.WithLogger(chainrun.WithQueue(context.Background(), "orders"), slog.New(slog.NewTextHandler(&log, nil)))
 			err := tt.mw(tt.h)(ctx, &amqp.Delivery{MessageId: "m-1"})
 			var te *middleware.TimeoutError
 			if errors.As(err, &te) != tt.wantTimeout || errors.Is(err, middleware.ErrTimeout) != tt.wantTimeout {
@@ -63,7 +64,7 @@ func TestTimeout(t *testing.T) {
 			if te != nil && te.Ignored != tt.wantIgnored {
 				t.Errorf("Ignored = %v, want %v", te.Ignored, tt.wantIgnored)
 			}
-			if got := middleware.SettlementFor(err); got != tt.settlement {
+			if got := chainrun.SettlementFor(err); got != tt.settlement {
 				t.Errorf("settlement %v, want %v (err %v)", got, tt.settlement, err)
 			}
 			logged := strings.Contains(log.String(), "ignored the deadline")

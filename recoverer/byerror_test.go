@@ -11,6 +11,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/pubtest"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
@@ -70,9 +71,9 @@ func TestByErrorSettlement(t *testing.T) {
 	r := recoverer.ByError(to("dlq", &went, nil),
 		recoverer.When(invalid, recoverer.Reject()),
 		recoverer.When(timeouts, recoverer.Requeue()))
-	for cause, want := range map[error]middleware.Settlement{errValidation: middleware.Reject, errTimeout: middleware.Requeue, errFraud: middleware.Ack} {
+	for cause, want := range map[error]chainrun.Settlement{errValidation: chainrun.Reject, errTimeout: chainrun.Requeue, errFraud: chainrun.Ack} {
 		err := middleware.Chain(retryFast(2), middleware.Recover(r))(failing(cause))(context.Background(), &amqp.Delivery{})
-		if got := middleware.SettlementFor(err); got != want {
+		if got := chainrun.SettlementFor(err); got != want {
 			t.Errorf("%v: settled %v (%v), want %v", cause, got, err, want)
 		}
 	}

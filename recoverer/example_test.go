@@ -11,6 +11,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
@@ -93,7 +94,7 @@ func ExampleByError() {
 	for i, err := range []error{errFraud, errInvalid, errors.New("database down")} {
 		d := &amqp.Delivery{Body: []byte(fmt.Sprintf("order %d", i+1))}
 		result := chain(func(context.Context, *amqp.Delivery) error { return err })(context.Background(), d)
-		fmt.Printf("%s: %v\n", d.Body, middleware.SettlementFor(result))
+		fmt.Printf("%s: %v\n", d.Body, chainrun.SettlementFor(result))
 	}
 	// Output:
 	// order 1 → orders.fraud (rule fraud)

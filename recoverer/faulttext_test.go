@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 func TestFitFaultText(t *testing.T) {
@@ -98,13 +99,13 @@ func (panickyError) Error() string { panic("Error() is broken") }
 func TestErrorDescriptions(t *testing.T) {
 	wrapped := fmt.Errorf("handle order 7: %w", errors.New("db down"))
 	exhausted := &middleware.RetriesExhaustedError{Attempts: 5, Last: middleware.Permanent(wrapped)}
-	if got := middleware.HandlerError(exhausted); got != wrapped {
+	if got := chainrun.HandlerError(exhausted); got != wrapped {
 		t.Errorf("HandlerError = %v, want the handler's own error", got)
 	}
-	if got := middleware.ErrorType(exhausted); got != `errors.New("db down")` { // the wrapped cause, not fmt's wrapper
+	if got := chainrun.ErrorType(exhausted); got != `errors.New("db down")` { // the wrapped cause, not fmt's wrapper
 		t.Errorf("ErrorType = %q", got)
 	}
-	if got := middleware.ErrorType(&middleware.PanicError{Value: "x"}); got != "panic" {
+	if got := chainrun.ErrorType(&middleware.PanicError{Value: "x"}); got != "panic" {
 		t.Errorf("ErrorType of a panic = %q", got)
 	}
 	chain := StackTrace(wrapped)

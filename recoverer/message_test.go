@@ -12,6 +12,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqptable"
 	"github.com/amqpretry/amqpretry/internal/pubtest"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
@@ -25,7 +26,7 @@ var _ recoverer.Publisher = (*publisher.Publisher)(nil)
 // the one message published.
 func recoverOne(t *testing.T, pub *pubtest.Publisher, rep *recoverer.Republisher, d *amqp.Delivery) pubtest.Published {
 	t.Helper()
-	ctx := middleware.WithQueue(context.Background(), "orders")
+	ctx := chainrun.WithQueue(context.Background(), "orders")
 	if err := middleware.Recover(rep)(failing(errors.New("x")))(ctx, d); err != nil {
 		t.Fatalf("Recover: %v", err)
 	}
@@ -130,7 +131,7 @@ func TestHeadroomMustLeaveRoom(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "WithHeadroom(130000) leaves 1072 bytes of the broker's frame_max (131072)") {
 		t.Fatalf("Recover = %v", err)
 	}
-	if middleware.SettlementFor(&middleware.RecoveryError{Err: err, Cause: errors.New("boom")}) != middleware.Requeue {
+	if chainrun.SettlementFor(&middleware.RecoveryError{Err: err, Cause: errors.New("boom")}) != chainrun.Requeue {
 		t.Error("a failed recovery must requeue")
 	}
 	if n := len(pub.Sent()); n != 0 {
@@ -195,7 +196,7 @@ func TestRepublishNamesEveryBadArgument(t *testing.T) {
 func TestRefailedMessageIsRepublished(t *testing.T) {
 	pub := &pubtest.Publisher{}
 	rep := recoverer.Republish(pub, "orders.dlx", "")
-	ctx := middleware.WithQueue(context.Background(), "orders")
+	ctx := chainrun.WithQueue(context.Background(), "orders")
 	if err := middleware.Recover(rep)(failing(errors.New(strings.Repeat("a", 500_000))))(ctx, &amqp.Delivery{Body: []byte("x")}); err != nil {
 		t.Fatalf("first failure: %v", err)
 	}

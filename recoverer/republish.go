@@ -17,6 +17,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqptable"
 	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/publisher"
 )
 
@@ -202,7 +203,7 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 			headers[k] = v
 		}
 	}
-	handlerErr := middleware.HandlerError(cause)
+	handlerErr := chainrun.HandlerError(cause)
 	keys := &r.keys
 	// A message on a retry hop (a tier, a reject-to-retry cycle) was
 	// republished or dead-lettered already: keep where it was first sent.
@@ -210,7 +211,7 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	headers[HeaderOriginalExchange] = exchange
 	headers[HeaderOriginalRoutingKey] = key
 	headers[keys.originalQueue] = chainctx.Queue(ctx)
-	headers[keys.errorType] = middleware.ErrorType(cause)
+	headers[keys.errorType] = chainrun.ErrorType(cause)
 	headers[keys.attempts] = int64(FailedAttempts(ctx, cause))
 	if rule := middleware.RuleApplied(ctx, cause); rule != "" {
 		headers[keys.retryRule] = rule
@@ -343,10 +344,10 @@ const minHeaderRoom = 4096
 
 // FailedAttempts is how many attempts failed before the recovery, the value
 // of the attempts fault header: the count in Retry's error when Recover sits
-// outside Retry (middleware.AttemptsMade), else the attempt in progress
+// outside Retry (chainrun.AttemptsMade), else the attempt in progress
 // (middleware.Attempt).
 func FailedAttempts(ctx context.Context, cause error) int {
-	if n, ok := middleware.AttemptsMade(cause); ok {
+	if n, ok := chainrun.AttemptsMade(cause); ok {
 		return n
 	}
 	return middleware.Attempt(ctx)

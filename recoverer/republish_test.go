@@ -15,6 +15,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqptable"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
@@ -45,16 +46,16 @@ func topology(t *testing.T) (work, dlx, dlq string) {
 
 // handleOne takes one message from queue, runs it through chain(h) and
 // settles it as the listener would.
-func handleOne(t *testing.T, queue string, chain middleware.Middleware, h middleware.Handler) (middleware.Settlement, error) {
+func handleOne(t *testing.T, queue string, chain middleware.Middleware, h middleware.Handler) (chainrun.Settlement, error) {
 	t.Helper()
 	ch := brokertest.Channel(t, brokertest.Dial(t))
 	d, ok, err := ch.Get(queue, false)
 	if err != nil || !ok {
 		t.Fatalf("get from %s: ok=%v err=%v", queue, ok, err)
 	}
-	ctx := middleware.WithQueue(context.Background(), queue)
+	ctx := chainrun.WithQueue(context.Background(), queue)
 	result := chain(h)(ctx, &d)
-	s, err := middleware.Settle(&d, result)
+	s, err := chainrun.Settle(&d, result)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +87,7 @@ func TestRepublishCopiesAndAnnotates(t *testing.T) {
 
 	rep := recoverer.Republish(pub, dlx, "")
 	s, err := handleOne(t, work, middleware.Chain(retryFast(3), middleware.Recover(rep)), failing(errors.New("customer 7 not found")))
-	if s != middleware.Ack || err != nil {
+	if s != chainrun.Ack || err != nil {
 		t.Fatalf("settled %v (%v), want ack after a confirmed republish", s, err)
 	}
 	if n := brokertest.Depth(t, work); n != 0 {
@@ -167,7 +168,7 @@ func TestFailedRepublishKeepsTheOriginal(t *testing.T) {
 			}
 			rep := recoverer.Republish(pub, tt.exchange(dlx), tt.rkey, recoverer.WithPublishTimeout(time.Second))
 			s, err := handleOne(t, work, middleware.Chain(retryFast(2), middleware.Recover(rep)), failing(middleware.Permanent(errors.New("bad"))))
-			if s != middleware.Requeue || !errors.Is(err, middleware.ErrRecoveryFailed) {
+			if s != chainrun.Requeue || !errors.Is(err, middleware.ErrRecoveryFailed) {
 				t.Fatalf("settled %v (%v), want requeue after a failed recovery", s, err)
 			}
 			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
@@ -194,7 +195,7 @@ func TestHugeErrorMessageFitsTheFrame(t *testing.T) {
 	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x"), Headers: amqp.Table{"keep": "me"}})
 	huge := strings.Repeat("错误", 500_000) // 3,000,000 bytes
 	s, err := handleOne(t, work, middleware.Chain(retryFast(2), middleware.Recover(recoverer.Republish(pub, dlx, ""))), failing(errors.New(huge)))
-	if s != middleware.Ack {
+	if s != chainrun.Ack {
 		t.Fatalf("settled %v (%v), want ack", s, err)
 	}
 	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
@@ -229,7 +230,7 @@ func TestRejectUsesTheQueuesOwnDLX(t *testing.T) {
 	// The republish is unroutable, so Fallback moves on to Reject.
 	r := recoverer.Fallback(recoverer.Republish(pub, dlx+".missing", ""), recoverer.Reject())
 	s, err := handleOne(t, work, middleware.Chain(retryFast(2), middleware.Recover(r)), failing(errors.New("x")))
-	if s != middleware.Reject {
+	if s != chainrun.Reject {
 		t.Fatalf("settled %v (%v), want reject", s, err)
 	}
 	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
@@ -243,7 +244,7 @@ func TestRequeueKeepsEvenPermanentFailures(t *testing.T) {
 	brokertest.Queue(t, work, nil)
 	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x")})
 	s, err := handleOne(t, work, middleware.Recover(recoverer.Requeue()), failing(middleware.Permanent(errors.New("x"))))
-	if s != middleware.Requeue || !errors.Is(err, recoverer.ErrRequeueRequested) || brokertest.Depth(t, work) != 1 {
+	if s != chainrun.Requeue || !errors.Is(err, recoverer.ErrRequeueRequested) || brokertest.Depth(t, work) != 1 {
 		t.Fatalf("settled %v (%v), depth %d: want it back on its queue", s, err, brokertest.Depth(t, work))
 	}
 }
@@ -255,7 +256,7 @@ func TestZeroHeadroomFitsTheFrameExactly(t *testing.T) {
 	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x"), MessageId: "m", ContentType: "text/plain"})
 	rep := recoverer.Republish(pub, dlx, "", recoverer.WithHeadroom(0))
 	s, err := handleOne(t, work, middleware.Recover(rep), failing(errors.New(strings.Repeat("y", 200_000))))
-	if s != middleware.Ack {
+	if s != chainrun.Ack {
 		t.Fatalf("settled %v (%v): with headroom 0 the copy must still fit", s, err)
 	}
 	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
@@ -287,7 +288,7 @@ func TestEmptyKeyReachesADLXBoundByTheProducersKey(t *testing.T) {
 		rounds int
 	}{
 		{"tier we republished to", func(t *testing.T, pub *publisher.Publisher, work, retry string, d *amqp.Delivery) {
-			ctx := middleware.WithQueue(context.Background(), work)
+			ctx := chainrun.WithQueue(context.Background(), work)
 			if err := recoverer.Republish(pub, "", retry).Recover(ctx, d, errors.New("try later")); err != nil {
 				t.Fatal(err)
 			}
@@ -336,7 +337,7 @@ func TestEmptyKeyReachesADLXBoundByTheProducersKey(t *testing.T) {
 			if d.RoutingKey != work {
 				t.Fatalf("back on %s with routing key %q: the test needs the default exchange's key, the queue's name", work, d.RoutingKey)
 			}
-			ctx := middleware.WithQueue(context.Background(), work)
+			ctx := chainrun.WithQueue(context.Background(), work)
 			if err := recoverer.Republish(pub, dlx, "").Recover(ctx, &d, errors.New("gave up")); err != nil {
 				t.Fatalf("Recover: %v", err)
 			}
@@ -359,7 +360,7 @@ func TestHeadersThatFillTheFrameStillReachTheDLQ(t *testing.T) {
 	big := strings.Repeat("h", 115_000)
 	brokertest.Publish(t, work, amqp.Publishing{MessageId: "big", Body: []byte("x"), Headers: amqp.Table{"big": big, "keep": "me"}})
 	s, err := handleOne(t, work, middleware.Chain(retryFast(2), middleware.Recover(recoverer.Republish(pub, dlx, ""))), failing(errors.New("boom")))
-	if s != middleware.Ack {
+	if s != chainrun.Ack {
 		t.Fatalf("settled %v (%v), want ack: the dead letter could not be written", s, err)
 	}
 	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/typed"
 )
 
@@ -27,8 +28,8 @@ func ExampleHandler() {
 		return nil
 	}
 	dlq := middleware.RecovererFunc(func(ctx context.Context, d *amqp.Delivery, cause error) error {
-		n, _ := middleware.AttemptsMade(cause)
-		fmt.Printf("to the DLQ after %d attempt: %v\n", n, middleware.HandlerError(cause))
+		n, _ := chainrun.AttemptsMade(cause)
+		fmt.Printf("to the DLQ after %d attempt: %v\n", n, chainrun.HandlerError(cause))
 		return nil
 	})
 	h := middleware.Chain(
@@ -53,7 +54,7 @@ func ExampleWithDecoder() {
 
 	_ = h(context.Background(), &amqp.Delivery{ContentType: "application/xml", Body: []byte(`<order><id>o-1</id><total>42</total></order>`)})
 	err := h(context.Background(), &amqp.Delivery{ContentType: "application/json", Body: []byte(`{"id":"o-2"}`)})
-	fmt.Println(errors.Is(err, typed.ErrContentType), middleware.SettlementFor(err))
+	fmt.Println(errors.Is(err, typed.ErrContentType), chainrun.SettlementFor(err))
 	// Output:
 	// order o-1: 42
 	// true reject

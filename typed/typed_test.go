@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/typed"
 )
 
@@ -80,7 +81,7 @@ func TestHandlerRefusesWhatDoesNotDecode(t *testing.T) {
 			if got := errors.Is(err, typed.ErrContentType); got != tt.wantType {
 				t.Errorf("errors.Is(err, ErrContentType) = %v, want %v", got, tt.wantType)
 			}
-			if msg := middleware.HandlerError(err).Error(); msg != tt.wantMessage {
+			if msg := chainrun.HandlerError(err).Error(); msg != tt.wantMessage {
 				t.Errorf("message\n%s\nwant\n%s", msg, tt.wantMessage)
 			}
 		})
@@ -90,8 +91,8 @@ func TestHandlerRefusesWhatDoesNotDecode(t *testing.T) {
 	h, _ := capture()
 	err := h(context.Background(), &amqp.Delivery{Body: []byte(`{x}`)})
 	var syntax *json.SyntaxError
-	if !errors.As(err, &syntax) || middleware.ErrorType(err) != "*json.SyntaxError" {
-		t.Errorf("err = %v (error type %s), want it to hold the *json.SyntaxError", err, middleware.ErrorType(err))
+	if !errors.As(err, &syntax) || chainrun.ErrorType(err) != "*json.SyntaxError" {
+		t.Errorf("err = %v (error type %s), want it to hold the *json.SyntaxError", err, chainrun.ErrorType(err))
 	}
 }
 

@@ -18,7 +18,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
@@ -70,7 +70,7 @@ func withDeadLettersOn(t *testing.T, topo dlx.Topology, n int) dlx.Topology {
 		if i%2 == 1 {
 			cause = errors.New("tax service\ntimed out")
 		}
-		if err := rep.Recover(middleware.WithQueue(context.Background(), topo.Queue), &d, cause); err != nil {
+		if err := rep.Recover(chainrun.WithQueue(context.Background(), topo.Queue), &d, cause); err != nil {
 			t.Fatal(err)
 		}
 		_ = d.Ack(false)

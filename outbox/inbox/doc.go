@@ -29,7 +29,7 @@
 // every committed business write takes effect exactly once downstream.
 //
 // The consumer is part of the key: by default the queue the listener
-// consumes from (middleware.Queue), or WithConsumerName. Two queues bound to
+// consumes from (chainrun.Queue), or WithConsumerName. Two queues bound to
 // one exchange each process the message once.
 //
 // # What the key must be

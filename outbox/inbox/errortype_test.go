@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/outbox/inbox"
 )
 
@@ -15,7 +15,7 @@ import (
 // driver's error under the CommitError.
 func TestCommitErrorTypeIsTheDatabasesError(t *testing.T) {
 	err := fmt.Errorf("handle order: %w", &inbox.CommitError{Consumer: "shipping", MessageID: "m-1", Err: &pgconn.PgError{Code: "40001"}})
-	if got := middleware.ErrorType(err); got != "*pgconn.PgError" {
+	if got := chainrun.ErrorType(err); got != "*pgconn.PgError" {
 		t.Errorf("ErrorType = %q, want *pgconn.PgError", got)
 	}
 }

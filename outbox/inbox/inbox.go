@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/outbox/internal/pgsql"
 )
 
@@ -86,7 +87,7 @@ func WithTable(name string) Option {
 // WithConsumerName names the consumer whose processed ids are recorded: two
 // consumers of the same message (two queues bound to one exchange) each
 // process it once. Default: the queue the listener consumes from
-// (middleware.Queue). Set it when one handler serves several queues that
+// (chainrun.Queue). Set it when one handler serves several queues that
 // must share one record, or when the handler runs outside a listener.
 func WithConsumerName(name string) Option {
 	return func(c *config) {
@@ -191,7 +192,7 @@ func (ib *Inbox) Handler(fn HandlerFunc) middleware.Handler {
 		}
 		consumer := ib.consumer
 		if consumer == "" {
-			consumer = middleware.Queue(ctx)
+			consumer = chainrun.Queue(ctx)
 		}
 		if consumer == "" {
 			return fmt.Errorf("%w: the handler runs outside a listener, so name the consumer with WithConsumerName", ErrNoConsumerName)

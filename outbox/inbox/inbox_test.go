@@ -16,6 +16,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/outbox/inbox"
 	"github.com/amqpretry/amqpretry/outbox/internal/dbtest"
 )
@@ -315,7 +316,7 @@ func TestConsumerNameDefaultsToQueue(t *testing.T) {
 	if err := h(context.Background(), d); !errors.Is(err, inbox.ErrNoConsumerName) || middleware.IsPermanent(err) {
 		t.Fatalf("%v: want an ordinary ErrNoConsumerName", err)
 	}
-	if err := h(middleware.WithQueue(context.Background(), "orders"), d); err != nil {
+	if err := h(chainrun.WithQueue(context.Background(), "orders"), d); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(t, db, `SELECT count(*) FROM `+schema+`.inbox WHERE consumer = 'orders'`); n != 1 {

@@ -21,6 +21,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/pubtest"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
@@ -67,7 +68,7 @@ var threeKinds = []failure{
 func fill(t testing.TB, topo dlx.Topology, kinds []failure) int {
 	t.Helper()
 	rep := recoverer.Republish(&pubtest.Publisher{}, topo.DLX(), topo.DLQRoutingKey())
-	ctx := middleware.WithQueue(context.Background(), topo.Queue)
+	ctx := chainrun.WithQueue(context.Background(), topo.Queue)
 	ch := brokertest.Channel(t, brokertest.Dial(t))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)

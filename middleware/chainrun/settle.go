@@ -1,10 +1,12 @@
-package middleware
+package chainrun
 
 import (
 	"errors"
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/middleware"
 )
 
 // Settlement is what happens to a delivery once its chain has returned.
@@ -42,10 +44,11 @@ func (s Settlement) String() string {
 }
 
 // SettlementFor maps a chain's final error to its settlement: nil acks;
-// interruptions (ErrInterrupted: the listener stopping, a context it ended)
-// release the message; failed recoveries requeue it (it is not safe anywhere
-// else); a recoverer's ErrReject and Permanent errors are rejected without
-// requeue; a recoverer's ErrRedeliver requeues; every other error requeues,
+// interruptions (middleware.ErrInterrupted: the listener stopping, a context
+// it ended) release the message; failed recoveries requeue it (it is not
+// safe anywhere else); a recoverer's middleware.ErrReject and Permanent
+// errors are rejected without requeue; a recoverer's middleware.ErrRedeliver
+// requeues; every other error requeues,
 // a handler's own context.Canceled included. The order matters: an interruption is never the message's
 // failure, and a failed recovery still requeues whatever the handler's error
 // wraps, since rejecting it could drop the only copy.
@@ -67,13 +70,13 @@ func settlementOfFailure(err error) (s Settlement) {
 		}
 	}()
 	switch {
-	case errors.Is(err, ErrInterrupted):
+	case errors.Is(err, middleware.ErrInterrupted):
 		return Release
-	case errors.Is(err, ErrRecoveryFailed), errors.Is(err, ErrRedeliver):
+	case errors.Is(err, middleware.ErrRecoveryFailed), errors.Is(err, middleware.ErrRedeliver):
 		return Requeue
-	case errors.Is(err, ErrReject):
+	case errors.Is(err, middleware.ErrReject):
 		return Reject
-	case IsPermanent(err):
+	case middleware.IsPermanent(err):
 		return Reject
 	default:
 		return Requeue
@@ -81,8 +84,8 @@ func settlementOfFailure(err error) (s Settlement) {
 }
 
 // Settle acks, rejects or nacks d, one delivery at a time (multiple=false),
-// as SettlementFor(err) says. The listener settles every delivery this way; Settle
-// is exported for programs that run a chain on their own amqp091 consumer.
+// as SettlementFor(err) says: what the listener does with every delivery,
+// for a program that runs a chain on its own amqp091 consumer.
 func Settle(d *amqp.Delivery, err error) (Settlement, error) {
 	s := SettlementFor(err)
 	var serr error
@@ -97,7 +100,7 @@ func Settle(d *amqp.Delivery, err error) (Settlement, error) {
 		serr = d.Reject(true)
 	}
 	if serr != nil {
-		return s, fmt.Errorf("middleware: %s of delivery %d failed: %w", s, d.DeliveryTag, serr)
+		return s, fmt.Errorf("chainrun: %s of delivery %d failed: %w", s, d.DeliveryTag, serr)
 	}
 	return s, nil
 }

@@ -1,4 +1,4 @@
-package middleware_test
+package chainrun_test
 
 import (
 	"encoding/json"
@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // dbError stands for a driver's error (*pgconn.PgError).
@@ -39,10 +40,10 @@ func TestErrorTypeNamesTheInnermostError(t *testing.T) {
 		{"a type of its own", syntax, "*json.SyntaxError"},
 		{"fmt.Errorf %w", fmt.Errorf("decode order: %w", syntax), "*json.SyntaxError"},
 		{"two %w: the first", fmt.Errorf("decode: %w (and %w)", syntax, outOfStock), "*json.SyntaxError"},
-		{"errors.Join: the first", errors.Join(fmt.Errorf("a: %w", &dbError{"23505"}), syntax), "*middleware_test.dbError"},
+		{"errors.Join: the first", errors.Join(fmt.Errorf("a: %w", &dbError{"23505"}), syntax), "*chainrun_test.dbError"},
 		{"Permanent", middleware.Permanent(fmt.Errorf("bad body: %w", syntax)), "*json.SyntaxError"},
-		{"a wrapper of the handler's own", &commitError{Err: &dbError{"40001"}}, "*middleware_test.dbError"},
-		{"retries exhausted", &middleware.RetriesExhaustedError{Attempts: 3, Last: fmt.Errorf("save: %w", &commitError{&dbError{"57P01"}})}, "*middleware_test.dbError"},
+		{"a wrapper of the handler's own", &commitError{Err: &dbError{"40001"}}, "*chainrun_test.dbError"},
+		{"retries exhausted", &middleware.RetriesExhaustedError{Attempts: 3, Last: fmt.Errorf("save: %w", &commitError{&dbError{"57P01"}})}, "*chainrun_test.dbError"},
 		{"a wrapped sentinel", fmt.Errorf("reserve: %w", outOfStock), `errors.New("inventory: out of stock")`},
 		{"a well-known sentinel", fmt.Errorf("read body: %w", io.ErrUnexpectedEOF), "io.ErrUnexpectedEOF"},
 		{"a network error", &url.Error{Op: "Post", URL: "http://payments", Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}, "syscall.Errno"},
@@ -50,7 +51,7 @@ func TestErrorTypeNamesTheInnermostError(t *testing.T) {
 		{"a long sentinel is cut", fmt.Errorf("x: %w", errors.New(string(make([]byte, 100)))), fmt.Sprintf("errors.New(%q)", string(make([]byte, 64))+"…")},
 	}
 	for _, tt := range tests {
-		if got := middleware.ErrorType(tt.err); got != tt.want {
+		if got := chainrun.ErrorType(tt.err); got != tt.want {
 			t.Errorf("%s: ErrorType = %q, want %q", tt.name, got, tt.want)
 		}
 	}
