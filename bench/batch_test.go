@@ -46,3 +46,20 @@ func TestTallyHitN(t *testing.T) {
 		t.Fatal("not done at 300 of 250")
 	}
 }
+
+// The per-message variant runs on a fifth of the section's messages, the
+// others on all of them, and none on fewer than one.
+func TestBatchVariantsShareOfMessages(t *testing.T) {
+	for _, v := range (&batchBench{}).all(2, 250) {
+		want := 100000
+		if v.name == "per-message" {
+			want = 20000
+		}
+		if got := v.messages(100000); got != want {
+			t.Errorf("%s runs on %d of 100000 messages, want %d", v.name, got, want)
+		}
+		if got := v.messages(3); got < 1 {
+			t.Errorf("%s runs on %d of 3 messages, want at least 1", v.name, got)
+		}
+	}
+}

@@ -98,7 +98,7 @@ func defaultConfig() Config {
 
 		// One INSERT per message runs at a few thousand a second on a
 		// laptop's PostgreSQL: 20000 make a run of a few seconds.
-		BatchMessages: 20000,
+		BatchMessages: 100000,
 	}
 }
 

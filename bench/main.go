@@ -69,7 +69,7 @@ func main() {
 	flag.DurationVar(&cfg.Settle, "settle", cfg.Settle, "pause after filling a queue, before measuring")
 	flag.IntVar(&cfg.OutboxMessages, "outbox-messages", cfg.OutboxMessages, "rows per outbox throughput run (relay and raw publish as many)")
 	flag.IntVar(&cfg.OutboxLatencyMessages, "outbox-latency-messages", cfg.OutboxLatencyMessages, "orders committed one by one for the commit-to-publish latency")
-	flag.IntVar(&cfg.BatchMessages, "batch-messages", cfg.BatchMessages, "messages per batch-section run (one INSERT each against one per batch of 100)")
+	flag.IntVar(&cfg.BatchMessages, "batch-messages", cfg.BatchMessages, "messages per batch-section run (one INSERT per batch of 100; the per-message variant, one INSERT each, runs on a fifth of them)")
 	flag.StringVar(&cfg.RetryURL, "retry-url", cfg.RetryURL, "the RabbitMQ 4.3 broker of the retry section (skipped, with a note, if it does not answer or is older) and the second broker of the coalescing section")
 	flag.StringVar(&cfg.RetryCtl, "retry-ctl", cfg.RetryCtl, "the rabbitmqctl command that reaches -retry-url's node, for its queues' memory (empty: none)")
 	flag.IntVar(&cfg.RetryMessages, "retry-messages", cfg.RetryMessages, "messages per retry-flood run (each fails twice, then succeeds)")

@@ -28,6 +28,19 @@ type variant struct {
 	// ownQueue: run declares, fills and deletes the queues itself, from
 	// q's name (the retry section's topologies), and is not profiled.
 	ownQueue bool
+	// share, when above 1, runs the variant on 1/share of the section's
+	// messages: one many times slower than the rest (a database write per
+	// message) then takes about as long as they do, and they run long
+	// enough to be steady. Its samples say how many it handled.
+	share int
+}
+
+// messages is how many of the section's n the variant runs on.
+func (v variant) messages(n int) int {
+	if v.share > 1 {
+		return max(1, n/v.share)
+	}
+	return n
 }
 
 // Comparison holds every sample of a set of variants and their medians.
@@ -80,7 +93,7 @@ func compare(ctx context.Context, e *env, section string, variants []variant, n 
 		c.Order = append(c.Order, names)
 		for _, i := range order {
 			v := variants[i]
-			s, err := runOnce(ctx, e, section, v, n, round)
+			s, err := runOnce(ctx, e, section, v, v.messages(n), round)
 			if err != nil {
 				return nil, fmt.Errorf("%s %s, round %d: %w", section, v.name, round, err)
 			}
