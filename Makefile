@@ -125,13 +125,15 @@ suite:
 	@echo "== suite on $$(AMQP_URL="$(AMQP_URL)" $(BIN)/brokercheck -describe || echo "$(AMQP_URL), which does not answer")"
 	@$(MAKE) --no-print-directory unit reliability
 
-# About ten minutes (five rounds of each): throughput against raw amqp091-go and Watermill, a
-# poison flood, scale-up, the retry schedule, the outbox relay against raw
-# confirmed publishing and its commit-to-publish latency (on PostgreSQL), and
-# on RabbitMQ 4.3 (scripts/rabbit4.sh 4.3, started here) a flood of messages
-# that fail twice through its delayed retry, TTL tiers and local retries, with
-# the memory of 100,000 messages parked in a delay; without that broker the
-# report says the retry section was skipped.
+# About twenty minutes (five rounds of each): throughput against raw amqp091-go
+# and Watermill, a poison flood, scale-up, the retry schedule, the outbox relay
+# against raw confirmed publishing and its commit-to-publish latency (on
+# PostgreSQL), a batch handler writing to PostgreSQL against one INSERT per
+# message and a raw batched loop, ack coalescing against raw amqp091-go on 3.10
+# and 4.3, and on RabbitMQ 4.3 (scripts/rabbit4.sh 4.3, started here) a flood
+# of messages that fail twice through its delayed retry, TTL tiers and local
+# retries, with the memory of 100,000 messages parked in a delay; without that
+# broker the report says its sections were skipped.
 # Writes bench/results/. PROFILE=1 also writes a CPU and an allocation profile
 # of every throughput and poison-flood run to bench/results/profiles/ (the runs
 # are slower for it; the report says so).
