@@ -57,7 +57,8 @@ func goBlocks(doc string) []string {
 
 // Every Go block in the README must appear, line for line, in this
 // package's snippets.go, which compiles; the complete program it shows must
-// be orders/main.go, byte for byte, which is a command that runs.
+// be orders/main.go, byte for byte, which TestProgramRunsAsPrinted builds
+// and runs against the broker.
 func TestREADMECodeCompiles(t *testing.T) {
 	blocks := goBlocks(read(t, filepath.Join("..", "..", "README.md")))
 	if len(blocks) == 0 {
