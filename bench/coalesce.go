@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -135,14 +134,6 @@ func writeCoalesce(w io.Writer, results []*CoalesceResult, set Settings) {
 		fmt.Fprintf(w, "## Ack coalescing on %s: %d ready messages, %d consumers, prefetch %d, one ack per %d (median of %d rounds, each starting one variant further along)\n\n",
 			cr.Broker, c.Messages, set.Consumers, set.Prefetch, cr.AckEvery, c.Rounds)
 		writeComparison(w, c)
-		var parts []string
-		met := 0
-		for _, g := range cr.Goals {
-			parts = append(parts, g.String())
-			if g.Met {
-				met++
-			}
-		}
-		fmt.Fprintf(w, "**Goals of issue 28 on %s, %d of %d met:** %s.\n\n", cr.Broker, met, len(cr.Goals), strings.Join(parts, "; "))
+		writeGoals(w, "issue 28 on "+cr.Broker, cr.Goals)
 	}
 }

@@ -116,7 +116,7 @@ func writeMarkdown(w io.Writer, r *Results) {
 		writeComparison(w, c)
 		writePoisonCost(w, c)
 	}
-	writeGoals(w, r.Goals)
+	writeGoals(w, "issue 15", r.Goals)
 	if s := r.Schedule; s != nil {
 		fmt.Fprintf(w, "## Retry schedule: Retry(%d), default backoff, one failing message\n\n", scheduleAttempts)
 		fmt.Fprintln(w, "| wait after attempt | expected ms | actual ms | deviation ms |")
@@ -323,8 +323,9 @@ func (g Goal) evaluate(c *Comparison) Goal {
 	return g
 }
 
-// writeGoals prints the goals of the sections that ran, in one line.
-func writeGoals(w io.Writer, goals []Goal) {
+// writeGoals prints goals in one line, titled "Goals of <of>", with how
+// many were met; nothing when there are none.
+func writeGoals(w io.Writer, of string, goals []Goal) {
 	if len(goals) == 0 {
 		return
 	}
@@ -336,7 +337,7 @@ func writeGoals(w io.Writer, goals []Goal) {
 			met++
 		}
 	}
-	fmt.Fprintf(w, "**Goals of issue 15, %d of %d met:** %s.\n\n", met, len(goals), strings.Join(parts, "; "))
+	fmt.Fprintf(w, "**Goals of %s, %d of %d met:** %s.\n\n", of, met, len(goals), strings.Join(parts, "; "))
 }
 
 // writeRetry prints the retry section: the flood's table and goals, the
@@ -354,17 +355,7 @@ func writeRetry(w io.Writer, rr *RetryResult, set Settings) {
 			"its three attempts together.")
 		fmt.Fprintln(w)
 		writeComparison(w, c)
-		var parts []string
-		met := 0
-		for _, g := range rr.Goals {
-			parts = append(parts, g.String())
-			if g.Met {
-				met++
-			}
-		}
-		if len(parts) > 0 {
-			fmt.Fprintf(w, "**Goals of the retry flood, %d of %d met:** %s.\n\n", met, len(rr.Goals), strings.Join(parts, "; "))
-		}
+		writeGoals(w, "the retry flood", rr.Goals)
 	}
 	if len(rr.Waits) > 0 {
 		fmt.Fprintf(w, "Waits as the handler saw them, minus the configured %.0f ms: from the start of a failing attempt (the rejection or republish follows at once) "+
@@ -421,13 +412,5 @@ func writeBatch(w io.Writer, b *BatchResult, set Settings) {
 		"checked afterwards to hold every message once. per-message runs on %d messages, a fifth of the others', so that its runs last about as long as theirs.\n\n",
 		b.WaitMS, max(1, c.Messages/perMessageShare))
 	writeComparison(w, c)
-	var parts []string
-	met := 0
-	for _, g := range b.Goals {
-		parts = append(parts, g.String())
-		if g.Met {
-			met++
-		}
-	}
-	fmt.Fprintf(w, "**Goals of issue 28, %d of %d met:** %s.\n\n", met, len(b.Goals), strings.Join(parts, "; "))
+	writeGoals(w, "issue 28", b.Goals)
 }
