@@ -248,16 +248,35 @@ func findGroup(snap *Snapshot, by GroupBy, id string) *Group {
 	return nil
 }
 
-func (c *Console) groupPage(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx := r.Context()
-	q, id, by := r.FormValue("q"), r.FormValue("g"), groupByOf(r)
-	if !c.shown(ctx, q) {
-		c.fail(w, r, s, http.StatusNotFound, fmt.Sprintf("%s is not one of this console's queues.", escape.Line(q)))
-		return
+// shownOrFail reports whether q is one of the console's queues, answering
+// 404 when it is not.
+func (c *Console) shownOrFail(w http.ResponseWriter, r *http.Request, s *session, q string) bool {
+	if c.shown(r.Context(), q) {
+		return true
 	}
-	snap, err := c.Snapshot(ctx, q, false)
+	c.fail(w, r, s, http.StatusNotFound, fmt.Sprintf("%s is not one of this console's queues.", escape.Line(q)))
+	return false
+}
+
+// pageSnapshot is the look at q that a page about it shows, or nil after
+// answering why there is none (not one of the console's queues, or the
+// broker did not answer).
+func (c *Console) pageSnapshot(w http.ResponseWriter, r *http.Request, s *session, q string) *Snapshot {
+	if !c.shownOrFail(w, r, s, q) {
+		return nil
+	}
+	snap, err := c.Snapshot(r.Context(), q, false)
 	if err != nil {
 		c.fail(w, r, s, http.StatusBadGateway, err.Error())
+		return nil
+	}
+	return snap
+}
+
+func (c *Console) groupPage(w http.ResponseWriter, r *http.Request, s *session) {
+	q, id, by := r.FormValue("q"), r.FormValue("g"), groupByOf(r)
+	snap := c.pageSnapshot(w, r, s, q)
+	if snap == nil {
 		return
 	}
 	g := findGroup(snap, by, id)
@@ -331,15 +350,9 @@ func viewBody(body []byte, asked string) bodyView {
 }
 
 func (c *Console) messagePage(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx := r.Context()
 	q, key := r.FormValue("q"), Unref(r.FormValue("k"))
-	if !c.shown(ctx, q) {
-		c.fail(w, r, s, http.StatusNotFound, fmt.Sprintf("%s is not one of this console's queues.", escape.Line(q)))
-		return
-	}
-	snap, err := c.Snapshot(ctx, q, false)
-	if err != nil {
-		c.fail(w, r, s, http.StatusBadGateway, err.Error())
+	snap := c.pageSnapshot(w, r, s, q)
+	if snap == nil {
 		return
 	}
 	msgs := snap.ByKey(key)
@@ -395,15 +408,13 @@ func (c *Console) lookPost(w http.ResponseWriter, r *http.Request, s *session) {
 // latest look (g, by), a selection the keys the form lists (k). A delete
 // shows a confirmation first.
 func (c *Console) act(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx := r.Context()
 	q := r.PostFormValue("q")
 	op, scope, _ := strings.Cut(r.PostFormValue("op"), "-")
 	if (op != "replay" && op != "delete") || (scope != "group" && scope != "selected") {
 		c.fail(w, r, s, http.StatusBadRequest, "Unknown action "+escape.Line(r.PostFormValue("op"))+".")
 		return
 	}
-	if !c.shown(ctx, q) {
-		c.fail(w, r, s, http.StatusNotFound, fmt.Sprintf("%s is not one of this console's queues.", escape.Line(q)))
+	if !c.shownOrFail(w, r, s, q) {
 		return
 	}
 	snap := c.current(q)
