@@ -138,51 +138,31 @@ type discardExporter struct{}
 func (discardExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
 func (discardExporter) Shutdown(context.Context) error                             { return nil }
 
-func benchListener(b *testing.B, consumers, prefetch int, opts ...listener.Option) {
-	{
-		q, dlq := brokertest.Name(b, "q"), brokertest.Name(b, "dlq")
-		brokertest.Queue(b, q, nil)
-		brokertest.Queue(b, dlq, nil)
-		fill(b, q, b.N)
-		pub, err := publisher.New(brokertest.URL())
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer pub.Close()
-		var handled atomic.Int64
-		done := make(chan struct{})
-		var first time.Time
-		var once sync.Once
-		l, err := listener.New(q,
-			middleware.Chain(middleware.Retry(5), middleware.Recover(recoverer.Republish(pub, "", dlq))),
-			func(context.Context, *amqp.Delivery) error {
-				once.Do(func() { first = time.Now() })
-				if handled.Add(1) == int64(b.N) {
-					close(done)
-				}
-				return nil
-			},
-			append([]listener.Option{listener.WithURL(brokertest.URL()), listener.WithConcurrentConsumers(consumers), listener.WithPrefetch(prefetch),
-				listener.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		ran := make(chan error, 1)
-		b.ResetTimer()
-		cpu0 := cpuTime()
-		go func() { ran <- l.Run(ctx) }()
-		<-done
-		b.StopTimer()
-		report(b, first, cpu0)
-		cancel()
-		if err := <-ran; err != nil {
-			b.Fatal(err)
-		}
+// drainTally counts the messages a listener under benchmark has handled:
+// when the first came and when b.N have.
+type drainTally struct {
+	n       int64
+	handled atomic.Int64
+	first   time.Time
+	once    sync.Once
+	done    chan struct{}
+}
+
+// add counts k handled messages.
+func (t *drainTally) add(k int) {
+	t.once.Do(func() { t.first = time.Now() })
+	if n := t.handled.Add(int64(k)); n >= t.n && n-int64(k) < t.n {
+		close(t.done)
 	}
 }
 
-func benchBatch(b *testing.B, consumers, prefetch int) {
+// benchDrain fills a fresh queue with b.N messages and drains it with the
+// listener newListener makes on it (its chain Chain(Retry(5),
+// Recover(Republish(...))) with a DLQ of its own, its options the
+// benchmark's), reporting from the first message handled to the last.
+func benchDrain(b *testing.B, consumers, prefetch int,
+	newListener func(q string, chain middleware.Middleware, t *drainTally, opts ...listener.Option) (*listener.Listener, error),
+	opts ...listener.Option) {
 	q, dlq := brokertest.Name(b, "q"), brokertest.Name(b, "dlq")
 	brokertest.Queue(b, q, nil)
 	brokertest.Queue(b, dlq, nil)
@@ -192,21 +172,11 @@ func benchBatch(b *testing.B, consumers, prefetch int) {
 		b.Fatal(err)
 	}
 	defer pub.Close()
-	var handled atomic.Int64
-	done := make(chan struct{})
-	var first time.Time
-	var once sync.Once
-	l, err := listener.NewBatch(q,
-		middleware.Chain(middleware.Retry(5), middleware.Recover(recoverer.Republish(pub, "", dlq))),
-		func(_ context.Context, batch []*amqp.Delivery) error {
-			once.Do(func() { first = time.Now() })
-			if n := handled.Add(int64(len(batch))); n >= int64(b.N) && n-int64(len(batch)) < int64(b.N) {
-				close(done)
-			}
-			return nil
-		}, 100, 20*time.Millisecond,
-		listener.WithURL(brokertest.URL()), listener.WithConcurrentConsumers(consumers), listener.WithPrefetch(prefetch),
-		listener.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	t := &drainTally{n: int64(b.N), done: make(chan struct{})}
+	chain := middleware.Chain(middleware.Retry(5), middleware.Recover(recoverer.Republish(pub, "", dlq)))
+	l, err := newListener(q, chain, t,
+		append([]listener.Option{listener.WithURL(brokertest.URL()), listener.WithConcurrentConsumers(consumers), listener.WithPrefetch(prefetch),
+			listener.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -215,11 +185,29 @@ func benchBatch(b *testing.B, consumers, prefetch int) {
 	b.ResetTimer()
 	cpu0 := cpuTime()
 	go func() { ran <- l.Run(ctx) }()
-	<-done
+	<-t.done
 	b.StopTimer()
-	report(b, first, cpu0)
+	report(b, t.first, cpu0)
 	cancel()
 	if err := <-ran; err != nil {
 		b.Fatal(err)
 	}
+}
+
+func benchListener(b *testing.B, consumers, prefetch int, opts ...listener.Option) {
+	benchDrain(b, consumers, prefetch, func(q string, chain middleware.Middleware, t *drainTally, opts ...listener.Option) (*listener.Listener, error) {
+		return listener.New(q, chain, func(context.Context, *amqp.Delivery) error {
+			t.add(1)
+			return nil
+		}, opts...)
+	}, opts...)
+}
+
+func benchBatch(b *testing.B, consumers, prefetch int) {
+	benchDrain(b, consumers, prefetch, func(q string, chain middleware.Middleware, t *drainTally, opts ...listener.Option) (*listener.Listener, error) {
+		return listener.NewBatch(q, chain, func(_ context.Context, batch []*amqp.Delivery) error {
+			t.add(len(batch))
+			return nil
+		}, 100, 20*time.Millisecond, opts...)
+	})
 }
