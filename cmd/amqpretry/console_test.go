@@ -20,39 +20,21 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 )
-
-// lockedBuffer is a writer the test reads while the command writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 var signInLine = regexp.MustCompile(`sign in \(token "operator"\): (http://127\.0\.0\.1:[0-9]+/)login\?token=([A-Za-z0-9_-]+)`)
 
 // startConsole runs amqpretry console with args until the test ends, and
 // returns the address it serves at and its printed token.
-func startConsole(t *testing.T, args ...string) (base, token string, stderr *lockedBuffer) {
+func startConsole(t *testing.T, args ...string) (base, token string, stderr *testlog.Buffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
+	stdout, stderr := &testlog.Buffer{}, &testlog.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, append([]string{"console", "--listen", "127.0.0.1:0", "--url", brokertest.URL()}, args...), stdout, stderr)
@@ -221,7 +203,7 @@ func TestConsoleTokensFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
+	stdout, stderr := &testlog.Buffer{}, &testlog.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"console", "--queue", topo.DLQ(), "--listen", "0.0.0.0:0", "--tokens", tokens, "--audit-log", "-", "--url", brokertest.URL()}, stdout, stderr)
@@ -291,7 +273,7 @@ func TestConsoleTLS(t *testing.T) {
 	topo := withDeadLetters(t, 1)
 	certFile, keyFile, pool := selfSigned(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
+	stdout, stderr := &testlog.Buffer{}, &testlog.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"console", "--queue", topo.DLQ(), "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile,

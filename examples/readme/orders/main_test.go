@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,11 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
 )
@@ -33,7 +32,7 @@ func TestProgramRunsAsPrinted(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	var logs syncBuffer
+	var logs testlog.Buffer
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "AMQP_URL="+vhostURL)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
@@ -153,22 +152,4 @@ func depth(t *testing.T, conn *amqp.Connection, queue string) int {
 		t.Fatal(err)
 	}
 	return q.Messages
-}
-
-// syncBuffer collects the program's output while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

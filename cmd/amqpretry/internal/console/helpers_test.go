@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -20,6 +19,7 @@ import (
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/pubtest"
+	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/recoverer"
@@ -113,33 +113,15 @@ type server struct {
 	*Console
 	url   string // http://127.0.0.1:PORT
 	token string
-	audit *syncBuffer
-	log   *syncBuffer
-}
-
-// syncBuffer is an io.Writer tests can read while the console writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+	audit *testlog.Buffer
+	log   *testlog.Buffer
 }
 
 // serve starts a console with cfg (its broker, token and audit log filled
 // in when not set) and stops it when the test ends.
 func serve(t testing.TB, cfg Config) *server {
 	t.Helper()
-	s := &server{token: NewToken(), audit: &syncBuffer{}, log: &syncBuffer{}}
+	s := &server{token: NewToken(), audit: &testlog.Buffer{}, log: &testlog.Buffer{}}
 	if cfg.URLs == nil {
 		cfg.URLs = []string{brokertest.URL()}
 	}
