@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -29,6 +30,7 @@ type replayConfig struct {
 	toQueue    string
 	toOriginal bool
 	progress   func(ReplayStats)
+	history    bool
 }
 
 // ReplayLimit stops after n messages have been replayed.
@@ -53,6 +55,31 @@ func ReplayToOriginalExchange() ReplayOption { return func(c *replayConfig) { c.
 func ReplayHeaderPrefix(prefix string) ReplayOption {
 	return func(c *replayConfig) { c.prefix = prefix }
 }
+
+// Headers ReplayKeepHistory writes, after the header prefix.
+const (
+	// SuffixReplayed counts the replays of a message, this one included.
+	SuffixReplayed = "replayed"
+	// SuffixPreviousException, SuffixPreviousErrorType and
+	// SuffixPreviousFailedAt are the exception message (cut to
+	// MaxPreviousException bytes), error type and failure time the message
+	// had on the DLQ when it was last replayed.
+	SuffixPreviousException = "previous-exception"
+	SuffixPreviousErrorType = "previous-error-type"
+	SuffixPreviousFailedAt  = "previous-failed-at"
+)
+
+// MaxPreviousException bounds the exception message ReplayKeepHistory keeps,
+// so that the history does not crowd the next failure's own fault headers.
+const MaxPreviousException = 1024
+
+// ReplayKeepHistory keeps a replayed message's history: Replay removes the
+// fault headers as usual, but adds SuffixReplayed (how often it was
+// replayed) and what it last failed with (SuffixPreviousException,
+// SuffixPreviousErrorType, SuffixPreviousFailedAt), after the header prefix.
+// The recoverer keeps them, so a message that fails again shows on the DLQ
+// that it was replayed and why it failed before.
+func ReplayKeepHistory() ReplayOption { return func(c *replayConfig) { c.history = true } }
 
 // ReplayProgress calls f after each message.
 func ReplayProgress(f func(ReplayStats)) ReplayOption {
@@ -115,7 +142,11 @@ func Replay(ctx context.Context, ch *amqp.Channel, pub recoverer.Publisher, dlq 
 			cfg.report(stats)
 			continue
 		}
-		if err := pub.Publish(ctx, exchange, key, originalMessage(&d, cfg.prefix)); err != nil {
+		msg := originalMessage(&d, cfg.prefix)
+		if cfg.history {
+			keepHistory(&d, msg.Headers, cfg.prefix)
+		}
+		if err := pub.Publish(ctx, exchange, key, msg); err != nil {
 			_ = d.Nack(false, true) // not the message's fault: a nack (RabbitMQ 4.3 on: not counted toward a delivery limit; 4.0 and 3.10 count it)
 			return stats, fmt.Errorf("dlx: replay message %q to exchange %q, key %q: %w (it stays on %s)", d.MessageId, exchange, key, err, dlq)
 		}
@@ -171,6 +202,31 @@ func originalMessage(d *amqp.Delivery, prefix string) amqp.Publishing {
 	msg.Headers = headers
 	msg.UserId = "" // the republisher may have kept one; only its sender may set it
 	return msg
+}
+
+// keepHistory writes into headers, the replayed copy's, the replay count and
+// the fault d carried (ReplayKeepHistory).
+func keepHistory(d *amqp.Delivery, headers amqp.Table, prefix string) {
+	n, _ := amqphdr.Count(d.Headers[prefix+SuffixReplayed])
+	headers[prefix+SuffixReplayed] = int64(n + 1)
+	text := func(k string) string { s, _ := d.Headers[k].(string); return s }
+	exception := text(recoverer.HeaderExceptionMessage)
+	if len(exception) > MaxPreviousException {
+		cut := MaxPreviousException
+		for cut > 0 && !utf8.RuneStart(exception[cut]) {
+			cut--
+		}
+		exception = exception[:cut] + "…"
+	}
+	for k, v := range map[string]string{
+		SuffixPreviousException: exception,
+		SuffixPreviousErrorType: text(prefix + recoverer.SuffixErrorType),
+		SuffixPreviousFailedAt:  text(prefix + recoverer.SuffixFailedAt),
+	} {
+		if v != "" {
+			headers[prefix+k] = v
+		}
+	}
 }
 
 func isFaultOrRetryHeader(k, prefix string) bool {
