@@ -231,9 +231,12 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 		msg.UserId = ""
 	}
 
-	headers, err := amqptable.Normalize(headers)
-	if err != nil {
-		return amqp.Publishing{}, fmt.Errorf("recoverer: %w", err)
+	// A header that cannot be published (nested deeper than amqp091-go
+	// reads, a type AMQP lacks) is left out and named, as one too large
+	// for the frame is: refusing the copy would requeue the message for ever.
+	headers, unwritable := amqptable.NormalizeDropping(headers)
+	if len(unwritable) > 0 {
+		headers[keys.droppedHeaders] = droppedList(unwritable, keys.droppedHeaders)
 	}
 	stack := ""
 	if r.cfg.stackTrace {
@@ -247,7 +250,7 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 		// if even that is too little, drop headers (the largest first,
 		// ours last) and say which.
 		budget = r.exactHeaderBudget(msg)
-		headers = dropToFit(headers, budget-faultTextFloor, keys.droppedHeaders, r.ownKeys())
+		headers = dropToFit(headers, budget-faultTextFloor, keys.droppedHeaders, r.ownKeys(), unwritable)
 	}
 	message, stack, err := fitFaultText(budget-amqptable.Size(headers), ErrorString(handlerErr), stack, r.cfg.stackTrace)
 	if err != nil {
@@ -287,12 +290,15 @@ func (r *Republisher) ownKeys() map[string]bool {
 }
 
 // dropToFit drops headers, the largest first and ours last, until the table
-// takes at most budget bytes with the list of what was dropped, which it
-// adds under listKey. It leaves headers as it is when it fits.
-func dropToFit(headers amqp.Table, budget int, listKey string, ours map[string]bool) amqp.Table {
+// takes at most budget bytes with the list of what was dropped (after the
+// names in before, dropped already), which it adds under listKey. It leaves
+// headers as it is when it fits.
+func dropToFit(headers amqp.Table, budget int, listKey string, ours map[string]bool, before []string) amqp.Table {
 	if amqptable.Size(headers) <= budget {
 		return headers
 	}
+	ours = maps.Clone(ours)
+	ours[listKey] = true // the list itself is kept and rewritten
 	keys := slices.SortedFunc(maps.Keys(headers), func(a, b string) int {
 		if ours[a] != ours[b] {
 			if ours[a] {
@@ -303,18 +309,30 @@ func dropToFit(headers amqp.Table, budget int, listKey string, ours map[string]b
 		return cmp.Or(cmp.Compare(amqptable.FieldSize(headers[b])+len(b), amqptable.FieldSize(headers[a])+len(a)), strings.Compare(a, b))
 	})
 	out := maps.Clone(headers)
-	var dropped []string
-	const listRoom = 1024 // for the list itself
+	delete(out, listKey)
+	dropped := slices.Clone(before)
 	for _, k := range keys {
 		if amqptable.Size(out)+listRoom <= budget {
 			break
 		}
+		if k == listKey {
+			continue
+		}
 		delete(out, k)
 		dropped = append(dropped, k)
 	}
-	list := strings.ToValidUTF8(strings.Join(dropped, ","), "\uFFFD")
-	out[listKey] = cut(list, listRoom-entrySize(listKey)-8)
+	out[listKey] = droppedList(dropped, listKey)
 	return out
+}
+
+// listRoom is what the list of dropped headers may take, its key included.
+const listRoom = 1024
+
+// droppedList is the value of the dropped-headers header: the names,
+// comma-separated, made valid UTF-8 and cut to fit listRoom.
+func droppedList(names []string, listKey string) string {
+	list := strings.ToValidUTF8(strings.Join(names, ","), "\uFFFD")
+	return cut(list, listRoom-entrySize(listKey)-8)
 }
 
 // propagationReserve leaves room for the trace headers (traceparent,

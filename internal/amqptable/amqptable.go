@@ -3,6 +3,7 @@ package amqptable
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -134,23 +135,27 @@ func FieldSize(v any) int {
 	return 0
 }
 
-// MaxDepth bounds how deeply tables and arrays may nest in headers; deeper
-// is refused, which also catches a table that contains itself (amqp091 would
-// recurse until the stack overflows).
+// MaxDepth bounds how deeply tables and arrays may nest in headers, counted
+// as amqp091-go counts when it reads a frame: the header table is level 0,
+// a table or array inside it level 1, and so on; amqp091-go refuses a frame
+// with a container below level 32. Deeper is refused here too, which also
+// catches a table that contains itself (amqp091 would recurse until the
+// stack overflows). Scalars add no level: a table at level 32 may hold
+// strings and numbers.
 const MaxDepth = 32
 
 // MaxShortString is the longest AMQP short string: header names, exchange and
 // routing key, and the string properties.
 const MaxShortString = 255
 
-// checkShape refuses header names longer than a short string and nesting
-// deeper than MaxDepth.
+// checkShape refuses header names longer than a short string and containers
+// nested below MaxDepth; depth is v's level when v is a container.
 func checkShape(v any, depth int) error {
-	if depth > MaxDepth {
-		return fmt.Errorf("headers nest deeper than %d levels (does a table contain itself?)", MaxDepth)
-	}
 	switch x := v.(type) {
 	case amqp.Table:
+		if depth > MaxDepth {
+			return errTooDeep
+		}
 		for k, e := range x {
 			if len(k) > MaxShortString {
 				return fmt.Errorf("header name %.40q… is %d bytes, over AMQP's limit of %d", k, len(k), MaxShortString)
@@ -162,6 +167,9 @@ func checkShape(v any, depth int) error {
 	case map[string]any:
 		return checkShape(amqp.Table(x), depth)
 	case []any:
+		if depth > MaxDepth {
+			return errTooDeep
+		}
 		for _, e := range x {
 			if err := checkShape(e, depth+1); err != nil {
 				return err
@@ -169,6 +177,29 @@ func checkShape(v any, depth int) error {
 		}
 	}
 	return nil
+}
+
+var errTooDeep = fmt.Errorf("headers nest tables or arrays deeper than %d levels, which amqp091-go cannot read back (does a table contain itself?)", MaxDepth)
+
+// NormalizeDropping is Normalize for a copy that must be published whatever
+// its headers hold (a dead letter, a retry): a header Normalize would refuse
+// (nested too deep, a cycle, a type AMQP lacks, a uint64 past int64, a name
+// over 255 bytes) is left out, and its name returned in dropped, sorted.
+func NormalizeDropping(t amqp.Table) (out amqp.Table, dropped []string) {
+	if out, err := Normalize(t); err == nil {
+		return out, nil
+	}
+	out = make(amqp.Table, len(t))
+	for k, v := range t {
+		one, err := Normalize(amqp.Table{k: v})
+		if err != nil {
+			dropped = append(dropped, k)
+			continue
+		}
+		out[k] = one[k]
+	}
+	slices.Sort(dropped)
+	return out, dropped
 }
 
 // FrameOverhead is what a content header frame spends besides the property

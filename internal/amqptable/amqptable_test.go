@@ -230,3 +230,66 @@ func TestCheckExpirationAgreesWithTheBroker(t *testing.T) {
 		}
 	}
 }
+
+// The depth amqp091-go reads is the depth Normalize takes: it counts the
+// header table as level 0 and each table or array inside as one more, up to
+// 32, and the values in a level-32 table add none (read.go's maxFieldDepth,
+// v1.16.0); recoverer's TestRepublishKeepsHeadersNested32Deep takes such a
+// message through a real broker.
+func TestNormalizeDepthMatchesAmqp091(t *testing.T) {
+	tables := func(n int) amqp.Table {
+		v := amqp.Table{"leaf": "x"}
+		for range n - 1 {
+			v = amqp.Table{"d": v}
+		}
+		return amqp.Table{"h": v}
+	}
+	arrays := func(n int) amqp.Table {
+		v := []any{"x"}
+		for range n - 1 {
+			v = []any{v}
+		}
+		return amqp.Table{"h": v}
+	}
+	mixed := func(n int) amqp.Table {
+		var v any = "x"
+		for i := range n {
+			if i%2 == 0 {
+				v = []any{v}
+			} else {
+				v = amqp.Table{"d": v}
+			}
+		}
+		return amqp.Table{"h": v}
+	}
+	for name, build := range map[string]func(int) amqp.Table{"tables": tables, "arrays": arrays, "mixed": mixed} {
+		if _, err := amqptable.Normalize(build(amqptable.MaxDepth)); err != nil {
+			t.Errorf("%s nested %d deep: %v; amqp091-go reads them", name, amqptable.MaxDepth, err)
+		}
+		if _, err := amqptable.Normalize(build(amqptable.MaxDepth + 1)); err == nil {
+			t.Errorf("%s nested %d deep accepted; amqp091-go refuses them", name, amqptable.MaxDepth+1)
+		}
+	}
+}
+
+func TestNormalizeDropping(t *testing.T) {
+	deep := amqp.Table{}
+	for range amqptable.MaxDepth + 1 {
+		deep = amqp.Table{"d": deep}
+	}
+	in := amqp.Table{"deep": deep, "odd": struct{}{}, "n": 5, "s": "v", strings.Repeat("k", 256): "v"}
+	out, dropped := amqptable.NormalizeDropping(in)
+	if want := []string{"deep", strings.Repeat("k", 256), "odd"}; fmt.Sprint(dropped) != fmt.Sprint(want) {
+		t.Errorf("dropped %q, want %q", dropped, want)
+	}
+	if len(out) != 2 || out["n"] != int64(5) || out["s"] != "v" {
+		t.Errorf("kept %v, want n (widened) and s", out)
+	}
+	if err := out.Validate(); err != nil {
+		t.Error(err)
+	}
+	clean := amqp.Table{"a": "b"}
+	if out, dropped := amqptable.NormalizeDropping(clean); dropped != nil || len(out) != 1 {
+		t.Errorf("a clean table: %v, dropped %v", out, dropped)
+	}
+}

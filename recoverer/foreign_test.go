@@ -1,0 +1,97 @@
+package recoverer_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
+	"github.com/amqpretry/amqpretry/recoverer"
+)
+
+// nested is depth tables, one inside the other, the innermost holding a
+// string: as deep as amqp091-go reads (its header table is level 0, each
+// table or array inside one level more, at most 32).
+func nested(depth int) amqp.Table {
+	t := amqp.Table{"leaf": "bottom"}
+	for range depth - 1 {
+		t = amqp.Table{"d": t}
+	}
+	return t
+}
+
+// Headers nested exactly 32 deep, as another client may send them: amqp091-go
+// delivers them, so the dead letter must carry them (issue 41, item 2). The
+// recoverer used to count the innermost table's values as a 33rd level and
+// refuse the copy, and the listener requeued the message for ever.
+func TestRepublishKeepsHeadersNested32Deep(t *testing.T) {
+	work, dlx, dlq := topology(t)
+	pub := newPublisher(t, brokertest.URL())
+	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("deep"), Headers: amqp.Table{"deep": nested(32)}})
+
+	s, err := handleOne(t, work, middleware.Chain(retryFast(1), middleware.Recover(recoverer.Republish(pub, dlx, ""))),
+		failing(errors.New("boom")))
+	if s != chainrun.Ack {
+		t.Fatalf("settled %v (%v), want ack after the dead letter is confirmed", s, err)
+	}
+	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
+	if !ok {
+		t.Fatal("nothing on the DLQ")
+	}
+	v := d.Headers["deep"]
+	for level := 1; level < 32; level++ {
+		tab, ok := v.(amqp.Table)
+		if !ok {
+			t.Fatalf("level %d of the deep header is %T, want a table", level, v)
+		}
+		v = tab["d"]
+	}
+	if leaf, _ := v.(amqp.Table); leaf["leaf"] != "bottom" {
+		t.Errorf("the 32nd table is %#v, want the leaf", v)
+	}
+	if dropped, ok := d.Headers["x-amqpretry-dropped-headers"]; ok {
+		t.Errorf("dropped %v; nothing needed dropping", dropped)
+	}
+}
+
+// A header the recoverer cannot publish (one a WithHeaders function adds: a
+// table nested too deep, a uint64 past int64) is left out of the dead letter
+// and named in the dropped-headers header, as one too large for the frame is:
+// refusing the copy would requeue the message for ever.
+func TestRepublishDropsHeadersItCannotWrite(t *testing.T) {
+	work, dlx, dlq := topology(t)
+	pub := newPublisher(t, brokertest.URL())
+	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x"), Headers: amqp.Table{"keep": "me"}})
+	cyclic := amqp.Table{}
+	cyclic["self"] = cyclic
+	extra := recoverer.WithHeaders(func(_ context.Context, _ *amqp.Delivery, _ error) amqp.Table {
+		return amqp.Table{"too-deep": nested(33), "cycle": cyclic, "huge": uint64(1 << 63), "fine": int64(7),
+			"odd": struct{}{}}
+	})
+	s, err := handleOne(t, work, middleware.Chain(retryFast(1), middleware.Recover(recoverer.Republish(pub, dlx, "", extra))),
+		failing(errors.New("boom")))
+	if s != chainrun.Ack {
+		t.Fatalf("settled %v (%v), want ack", s, err)
+	}
+	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
+	if !ok {
+		t.Fatal("nothing on the DLQ")
+	}
+	if d.Headers["keep"] != "me" || d.Headers["fine"] != int64(7) {
+		t.Errorf("headers %v: the writable ones must stay", d.Headers)
+	}
+	list, _ := d.Headers["x-amqpretry-dropped-headers"].(string)
+	for _, k := range []string{"too-deep", "cycle", "huge", "odd"} {
+		if _, ok := d.Headers[k]; ok {
+			t.Errorf("header %s was published", k)
+		}
+		if !strings.Contains(list, k) {
+			t.Errorf("dropped-headers %q does not name %s", list, k)
+		}
+	}
+}
