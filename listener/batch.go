@@ -29,7 +29,10 @@ import (
 // or a panic, fails the whole batch: every message of it goes through the
 // middleware with that error. PerMessage with a slice of another length than
 // the batch's is a mistake that fails the whole batch too, with
-// ErrBatchResults.
+// ErrBatchResults. The handler may reorder batch in place (sort it to take
+// row locks in one order): PerMessage's errs[i] is then the result of the
+// delivery batch holds at i when the handler returns. A batch that no longer
+// holds exactly the deliveries it was given fails with ErrBatchResults.
 type BatchHandler func(ctx context.Context, batch []*amqp.Delivery) error
 
 // ErrBatchResults is the error the messages of a batch fail with when its
@@ -44,8 +47,9 @@ type MessageErrors struct {
 }
 
 // PerMessage reports a batch's results one message at a time: errs[i] is
-// the result of batch[i], nil for a success, and errs must be as long as
-// the batch. It always returns a non-nil *MessageErrors, even when every
+// the result of batch[i] as the slice holds it when the handler returns
+// (sorted in place, if the handler sorted it), nil for a success, and errs
+// must be as long as the batch. It always returns a non-nil *MessageErrors, even when every
 // result is nil (then every message is acked): the listener checks the
 // length before it reads any result.
 func PerMessage(errs []error) error { return &MessageErrors{Errs: errs} }
@@ -375,13 +379,39 @@ func (c *consumer) callBatch(ctx context.Context, run *batchRun) []error {
 		c.leave(start, n, true)
 	}
 	perMessage := batchResults(err, n)
-	j := 0
-	for i := range run.dds {
-		if run.overLimit != nil && run.overLimit[i] {
-			continue
+	if me, ok := asMessageErrors(err); !ok || len(me.Errs) != n {
+		// One result for all (or none failed): order does not matter.
+		for i := range run.dds {
+			if run.overLimit == nil || !run.overLimit[i] {
+				results[i] = perMessage(0)
+			}
 		}
-		results[i] = perMessage(j)
-		j++
+		return results
+	}
+	// PerMessage's errs[k] is the result of the delivery the slice holds at k
+	// when the handler returns: a handler may sort its batch in place (to
+	// take row locks in one order), so match results by identity, not by
+	// the order the broker sent.
+	at := make(map[*amqp.Delivery]int, n)
+	for i, dd := range run.dds {
+		if run.overLimit == nil || !run.overLimit[i] {
+			at[&dd.Delivery] = i
+		}
+	}
+	for k, d := range run.msgs {
+		i, ok := at[d]
+		if !ok { // not of this batch, or there twice
+			wrong := fmt.Errorf("%w: the handler replaced a delivery of its batch (message %d of %d is not one it was given, or is there twice); "+
+				"reorder the batch in place if you must, but keep its deliveries", ErrBatchResults, k, n)
+			for i := range run.dds {
+				if run.overLimit == nil || !run.overLimit[i] {
+					results[i] = wrong
+				}
+			}
+			return results
+		}
+		delete(at, d)
+		results[i] = perMessage(k)
 	}
 	return results
 }
