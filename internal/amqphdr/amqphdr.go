@@ -133,3 +133,9 @@ func OriginalDestination(d *amqp.Delivery) (exchange, key string) {
 	}
 	return d.Exchange, d.RoutingKey
 }
+
+// UnreadableHeaders replaces, in what a framecheck-guarded connection
+// delivers, a header table amqp091-go cannot parse; its value says why. The
+// broker still holds the message with its own headers: hand it back, never
+// republish this copy.
+const UnreadableHeaders = "x-amqpretry-unreadable-headers"
