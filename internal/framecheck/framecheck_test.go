@@ -125,7 +125,7 @@ func TestUnguardedConnectionDiesOnUnreadableHeaders(t *testing.T) {
 
 func TestRewriteLeavesOtherFramesAlone(t *testing.T) {
 	for _, f := range [][]byte{
-		{2, 0, 1, 0, 0, 0, 2, 0, 60, 0xCE},                                     // too short to be a content header
+		{2, 0, 1, 0, 0, 0, 2, 0, 60, 0xCE},                                      // too short to be a content header
 		{2, 0, 1, 0, 0, 0, 14, 0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xCE}, // no properties
 	} {
 		if out, changed := framecheck.Rewrite(f); changed || !reflect.DeepEqual(out, f) {
