@@ -238,7 +238,9 @@ type recovery struct {
 	failedFor error // the cause it went to the recoverer with (Recovering), for the kill switch
 	recorded  bool  // the kill switch has counted it already
 
-	to         string // where its recoverer put it (RecoveredTo), for the log
+	recovered  bool   // its recoverer put it elsewhere (RecoveredTo): acked, it counts as recovered
+	told       bool   // ... and said where (to, deadLetter)
+	to         string // where its recoverer put it, for the log
 	attempts   int    // ... after so many failed attempts
 	deadLetter bool   // ... as a dead letter, not a retry hop
 
@@ -263,10 +265,22 @@ func (dd *delivery) recovery() *recovery {
 	return dd.fate
 }
 
-// RecoveredTo notes where the chain's recoverer put dd.
+// RecoveredTo notes where the chain's recoverer put dd: a recoverer that
+// says so (Republish, the tiers, middleware.DeadLettered) names the place;
+// Recover's own note after every recovery (to "") marks it recovered and
+// keeps what the recoverer said.
 func (dd *delivery) RecoveredTo(to string, attempts int, deadLetter bool) {
 	r := dd.recovery()
-	r.to, r.attempts, r.deadLetter = to, attempts, deadLetter
+	r.recovered = true
+	if attempts > 0 && (r.attempts == 0 || to != "") {
+		r.attempts = attempts
+	}
+	switch {
+	case to != "":
+		r.to, r.deadLetter, r.told = to, deadLetter, true
+	case !r.told:
+		r.deadLetter = deadLetter
+	}
 }
 
 func (dd *delivery) Value(key any) any {
@@ -580,7 +594,7 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) chainrun.Set
 	}
 	switch settlement {
 	case chainrun.Ack: // counted in Handled as its ack is written
-		if dd.fate != nil && dd.fate.to != "" {
+		if dd.fate != nil && dd.fate.recovered {
 			l.recovered(dd.MessageId, dd.fate)
 		}
 		return settlement

@@ -71,9 +71,10 @@ type Stats struct {
 	Requeued  uint64
 	Rejected  uint64
 	// Recovered counts deliveries acked because the chain's recoverer put
-	// them somewhere else (a DLQ, a broker-side retry tier); DeadLettered,
-	// those of them that went to a dead-letter destination. Each dead letter
-	// is also logged, once, at warning level.
+	// them somewhere else (a DLQ, a broker-side retry tier, a recoverer of
+	// your own); DeadLettered, those of them that went there for good: all
+	// but the hops to another try (the tiers, middleware.RetryScheduled).
+	// Each dead letter is also logged, once, at warning level.
 	Recovered    uint64
 	DeadLettered uint64
 	// OldestInFlight is how long the oldest delivery in flight has been in
@@ -370,7 +371,7 @@ func dial(ctx context.Context, dialer *amqpconn.Dialer, who string) (*amqpconn.C
 	conn, err := dialer.Dial(ctx)
 	if err != nil {
 		if url, refusal := amqpconn.LoginRefused(err); refusal != nil {
-			return nil, &fatalError{fmt.Errorf("%s: the broker at %s refused the login: %w", who, url, refusal)}
+			return nil, &fatalError{&LoginRefusedError{Who: who, URL: url, Err: refusal}}
 		}
 		if url, cause := amqpconn.TLSRefused(err); cause != nil {
 			return nil, &fatalError{fmt.Errorf("%s: the broker's certificate at %s cannot be verified (give WithTLS the CA that signed it, "+
@@ -402,7 +403,11 @@ func (l *Listener) recovered(messageID string, r *recovery) {
 	}
 	l.stats.deadLettered.Add(1)
 	l.tel.DeadLettered.Add(context.Background(), 1, l.attrs.queue.Add...)
-	l.cfg.logger.Warn("listener: message dead-lettered", "queue", l.queue, "message_id", messageID, "to", r.to,
+	to := r.to
+	if !r.told {
+		to = "(not said by the recoverer: it can name the place with middleware.DeadLettered)"
+	}
+	l.cfg.logger.Warn("listener: message dead-lettered", "queue", l.queue, "message_id", messageID, "to", to,
 		"attempts", r.attempts, "error_type", chainrun.ErrorType(r.failedFor), "error", errtext.String(chainrun.HandlerError(r.failedFor)))
 }
 

@@ -85,6 +85,11 @@ func Recover(r Recoverer, opts ...RecoverOption) Middleware {
 			rule := RuleApplied(ctx, err)
 			switch {
 			case rerr == nil:
+				// The message is safely elsewhere: the listener counts and
+				// logs it as a dead letter unless the recoverer said it is a
+				// hop to another try (RetryScheduled), and keeps the place
+				// the recoverer named (DeadLettered, Republish's exchange).
+				chainctx.RecoveredTo(ctx, "", recoveryAttempts(ctx, err))
 				recorded(ctx, telemetry.OutcomeRecovered, nil, rule)
 				cfg.tell(ctx, d, err, nil, telemetry.OutcomeRecovered, rule)
 				if ac, ok := ctx.Value(attemptKey).(*attemptContext); ok {
@@ -106,6 +111,35 @@ func Recover(r Recoverer, opts ...RecoverOption) Middleware {
 			}
 		}
 	}
+}
+
+// DeadLettered tells the listener where a Recoverer of your own put a
+// delivery for good (a dead-letter queue of its own, a table of failures): it
+// names that place in its dead-letter log line. Call it from Recover before
+// returning nil. Without it the listener still counts the recovery as a dead
+// letter (Stats.Recovered and Stats.DeadLettered, the amqpretry.dead_lettered
+// metric, the log line), saying the recoverer did not say where.
+// recoverer.Republish calls it for you. Outside a listener it does nothing.
+func DeadLettered(ctx context.Context, where string) {
+	chainctx.RecoveredTo(ctx, where, 0)
+}
+
+// RetryScheduled tells the listener that a Recoverer of your own handed the
+// delivery on to another try later (a retry queue, a scheduler) rather than
+// for good: the listener counts it in Stats.Recovered but not as a dead
+// letter, and logs nothing for it. Call it from Recover before returning nil.
+// The broker-side retry tiers (dlx) call it for you.
+func RetryScheduled(ctx context.Context, where string) {
+	chainctx.RecoveredTo(chainctx.WithRetryHop(ctx), where, 0)
+}
+
+// recoveryAttempts is how many attempts a recovered delivery had: Retry's
+// count from cause, or the attempt in progress.
+func recoveryAttempts(ctx context.Context, cause error) int {
+	if n, ok := attemptsMade(cause); ok {
+		return n
+	}
+	return Attempt(ctx)
 }
 
 // recorded counts a recovery and notes it on the current span: an attempt's
@@ -149,7 +183,8 @@ type RecoverEvent struct {
 // OnRecover calls hook after every recovery, on the delivery's goroutine,
 // with its outcome: Spring Retry's RetryListener.close, MassTransit's fault
 // observers. The listener already logs every dead letter and counts it in
-// Stats; use the hook to alert, count by cause, or audit. A hook must not
+// Stats, whichever recoverer put it away (see DeadLettered); use the hook to
+// alert, count by cause, or audit. A hook must not
 // block for long or settle the delivery.
 func OnRecover(hook func(ctx context.Context, e RecoverEvent)) RecoverOption {
 	if hook == nil {

@@ -100,7 +100,10 @@ func Recovering(ctx context.Context, cause error) error {
 // RecoveredHook is told where a recoverer put a delivery: to (an exchange
 // and routing key, for the log), after how many failed attempts, and
 // whether that is a dead letter or a hop on the way to another try (a
-// broker-side retry tier).
+// broker-side retry tier). middleware.Recover tells it once more after
+// every successful recovery with to "" (and the attempts it counted): that
+// marks the recovery done, and keeps what the recoverer said, if anything.
+// attempts 0 means not known.
 type RecoveredHook interface {
 	RecoveredTo(to string, attempts int, deadLetter bool)
 }
