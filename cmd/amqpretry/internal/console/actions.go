@@ -2,6 +2,8 @@ package console
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -106,24 +108,77 @@ func (discard) Username() string                                               {
 
 var _ recoverer.Publisher = discard{}
 
-// Replay replays the messages of queue with the given keys (each with how
-// many carry it) to dest, through dlx.Replay: each is published, confirmed,
-// then acked on queue.
-func (c *Console) Replay(ctx context.Context, queue string, keys map[string]int, dest Destination) Outcome {
-	return c.move(ctx, "replay", queue, keys, dest)
+// Selection is what an action takes from a queue: messages with the keys
+// of Keys, at most as many of each as it says, and, with a Group, only
+// messages of that group, so that a message of another group that shares a
+// key (producers often use a business key as message id) stays where it is.
+type Selection struct {
+	Keys  map[string]int
+	Group *Group
 }
 
-// Delete deletes the messages of queue with the given keys, through
-// dlx.Replay's matching: each is taken and acked.
-func (c *Console) Delete(ctx context.Context, queue string, keys map[string]int) Outcome {
-	return c.move(ctx, "delete", queue, keys, Destination{})
-}
+// GroupSelection selects every message of g.
+func GroupSelection(g *Group) Selection { return Selection{Keys: g.Keys(), Group: g} }
 
-func (c *Console) move(ctx context.Context, action, queue string, keys map[string]int, dest Destination) Outcome {
-	out := Outcome{Action: action, Queue: queue, Left: -1, Depth: -1, Time: time.Now()}
-	for _, n := range keys {
-		out.Requested += n
+// TickedSelection selects the messages of snap with the given keys, of
+// group g unless g is nil: as many of each key as snap holds (of g), and at
+// least one, so that a key no longer on the queue is reported missing.
+func TickedSelection(snap *Snapshot, g *Group, keys []string) Selection {
+	sel := Selection{Keys: make(map[string]int, len(keys)), Group: g}
+	for _, k := range keys {
+		n := 0
+		for _, m := range snap.ByKey(k) {
+			if sel.has(m) {
+				n++
+			}
+		}
+		sel.Keys[k] = max(1, n)
 	}
+	return sel
+}
+
+// Requested is how many messages sel asks for.
+func (sel Selection) Requested() int {
+	n := 0
+	for _, c := range sel.Keys {
+		n += c
+	}
+	return n
+}
+
+// has reports whether m is of sel's group (its key aside).
+func (sel Selection) has(m *Message) bool { return sel.Group == nil || sel.Group.Has(m) }
+
+// Digest names exactly what sel would take (its group, keys and counts): a
+// confirmation carries it, and an action whose selection no longer has the
+// same digest is refused.
+func (sel Selection) Digest() string {
+	h := sha256.New()
+	if sel.Group != nil {
+		fmt.Fprintf(h, "group %s %s;", sel.Group.By, sel.Group.ID)
+	}
+	for _, k := range sortedKeys(sel.Keys) {
+		fmt.Fprintf(h, "%d:%s=%d;", len(k), k, sel.Keys[k])
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// Replay replays the messages sel selects on queue to dest, through
+// dlx.Replay: each is published, confirmed, then acked on queue. Each
+// replayed message keeps its history (dlx.ReplayKeepHistory).
+func (c *Console) Replay(ctx context.Context, queue string, sel Selection, dest Destination) Outcome {
+	return c.move(ctx, "replay", queue, sel, dest)
+}
+
+// Delete deletes the messages sel selects on queue, through dlx.Replay's
+// matching: each is taken and acked.
+func (c *Console) Delete(ctx context.Context, queue string, sel Selection) Outcome {
+	return c.move(ctx, "delete", queue, sel, Destination{})
+}
+
+func (c *Console) move(ctx context.Context, action, queue string, sel Selection, dest Destination) Outcome {
+	out := Outcome{Action: action, Queue: queue, Left: -1, Depth: -1, Time: time.Now()}
+	out.Requested = sel.Requested()
 	if action == "replay" {
 		out.Destination = dest.String()
 	}
@@ -148,6 +203,7 @@ func (c *Console) move(ctx context.Context, action, queue string, keys map[strin
 			return out
 		}
 		pub = p
+		opts = append(opts, dlx.ReplayKeepHistory())
 	} else {
 		// The destination a discarding publisher is handed: any will do,
 		// but dlx.Replay leaves a message without one where it is.
@@ -156,7 +212,7 @@ func (c *Console) move(ctx context.Context, action, queue string, keys map[strin
 	// Which messages were matched and done: dlx.Replay calls the match,
 	// then publishes and acks (Replayed counts it) or holds the message for
 	// want of a destination (Skipped counts it), then reports.
-	left := maps.Clone(keys)
+	left := maps.Clone(sel.Keys)
 	done := map[string]int{}
 	matched, noDest := 0, 0
 	var last string
@@ -164,7 +220,7 @@ func (c *Console) move(ctx context.Context, action, queue string, keys map[strin
 	opts = append(opts,
 		dlx.ReplayMatch(func(d *amqp.Delivery) bool {
 			k := Key(d)
-			if left[k] <= 0 {
+			if left[k] <= 0 || (sel.Group != nil && !sel.Group.Has(newMessage(*d, 0, c.prefix))) {
 				last = ""
 				return false
 			}
@@ -193,7 +249,7 @@ func (c *Console) move(ctx context.Context, action, queue string, keys map[strin
 	} else if matched > 0 || res.Scanned > 0 {
 		out.Left = out.Requested - out.Done
 	}
-	c.forget(queue, done)
+	c.forget(queue, done, sel.has)
 	return out
 }
 
@@ -217,7 +273,7 @@ func (c *Console) Purge(ctx context.Context, queue string) Outcome {
 		})}
 	res, err := c.run(ctx, queue, discard{}, opts)
 	out.Done, out.Depth, out.Err = res.Replayed, res.Left, err
-	c.forget(queue, done)
+	c.forget(queue, done, nil)
 	return out
 }
 
@@ -237,8 +293,10 @@ func (c *Console) run(ctx context.Context, queue string, pub recoverer.Publisher
 	return deadletter.Replay(ctx, ch, pub, queue, opts...)
 }
 
-// forget removes from queue's snapshot the messages an action took off it.
-func (c *Console) forget(queue string, done map[string]int) {
+// forget removes from queue's snapshot the messages an action took off it:
+// for each key in done as many messages of that key as it says, of those in
+// reports true of (nil: any).
+func (c *Console) forget(queue string, done map[string]int, in func(*Message) bool) {
 	if len(done) == 0 {
 		return
 	}
@@ -246,7 +304,7 @@ func (c *Console) forget(queue string, done map[string]int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if st.snap != nil {
-		st.snap = st.snap.without(done)
+		st.snap = st.snap.without(done, in)
 	}
 }
 

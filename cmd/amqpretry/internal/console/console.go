@@ -313,8 +313,9 @@ func (s *Snapshot) Truncated() bool { return s.Depth > s.Seen() }
 // ByKey returns the messages of the snapshot with key k.
 func (s *Snapshot) ByKey(k string) []*Message { return s.byKey[k] }
 
-// without is s minus one message for each count of each key in done.
-func (s *Snapshot) without(done map[string]int) *Snapshot {
+// without is s minus one message for each count of each key in done, of
+// the messages in reports true of (nil: any).
+func (s *Snapshot) without(done map[string]int, in func(*Message) bool) *Snapshot {
 	left := make(map[string]int, len(done))
 	for k, n := range done {
 		left[k] = n
@@ -323,7 +324,7 @@ func (s *Snapshot) without(done map[string]int) *Snapshot {
 	next.Messages = make([]*Message, 0, len(s.Messages))
 	next.byKey = make(map[string][]*Message, len(s.byKey))
 	for _, m := range s.Messages {
-		if left[m.Key] > 0 {
+		if left[m.Key] > 0 && (in == nil || in(m)) {
 			left[m.Key]--
 			next.Removed++
 			continue

@@ -65,7 +65,8 @@ func TestReplayGroup(t *testing.T) {
 	if id == "" {
 		t.Fatalf("no customer group on the overview:\n%s", body)
 	}
-	resp, body := c.post("/act", url.Values{"q": {topo.DLQ()}, "g": {id}, "op": {"replay-group"}, "to": {"original"}})
+	_, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "g": {id}, "op": {"replay-group"}, "to": {"original"}})
+	resp, body := c.post("/act", confirmation(body))
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "replayed 5, 0 left") {
 		t.Fatalf("replay: %s\n%s", resp.Status, body)
 	}
@@ -106,6 +107,7 @@ func TestReplayActsOnWhatWasShown(t *testing.T) {
 	later := failure{"customer-later", 4, threeKinds[0].cause}
 	fill(t, topo, []failure{later})
 	_, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "g": {ids["customer &lt;n&gt; not found"]}, "op": {"replay-group"}})
+	_, body = c.post("/act", confirmation(body))
 	if !strings.Contains(body, "replayed 5, 0 left") {
 		t.Fatalf("replay:\n%s", body)
 	}
@@ -152,7 +154,12 @@ func TestDeleteAsksFirst(t *testing.T) {
 	if d := brokertest.Depth(t, topo.DLQ()); d != n {
 		t.Fatalf("the DLQ holds %d before the confirmation, want %d", d, n)
 	}
-	_, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "g": {id}, "op": {"delete-group"}, "confirm": {"yes"}})
+	// A confirmation that does not carry what it listed is refused.
+	resp, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "g": {id}, "op": {"delete-group"}, "confirm": {"yes"}})
+	if resp.StatusCode != http.StatusConflict || confirmation(body) == nil || brokertest.Depth(t, topo.DLQ()) != n {
+		t.Fatalf("a confirmation without what it listed: %s\n%s", resp.Status, body)
+	}
+	_, body = c.post("/act", confirmation(body))
 	if !strings.Contains(body, "deleted 5, 0 left") {
 		t.Fatalf("confirmed delete:\n%s", body)
 	}
@@ -239,7 +246,7 @@ func TestLookAfterLookFindsEverything(t *testing.T) {
 	// The last message of the queue: a replay that scanned only what the
 	// count said would not reach it.
 	last := map[string]int{fmt.Sprintf("id:customer-%d", n-1): 1}
-	if out := s.Replay(t.Context(), topo.DLQ(), last, Destination{}); out.Err != nil || out.Done != 1 || out.Missing != 0 || out.Depth != n-1 {
+	if out := s.Replay(t.Context(), topo.DLQ(), Selection{Keys: last}, Destination{}); out.Err != nil || out.Done != 1 || out.Missing != 0 || out.Depth != n-1 {
 		t.Fatalf("a replay right after the looks: %+v", out)
 	}
 }
@@ -301,12 +308,13 @@ func TestReplayToExchangeAndDeleteSelected(t *testing.T) {
 	if d := brokertest.Depth(t, topo.DLQ()); d != n-1 {
 		t.Fatalf("the DLQ holds %d before the confirmation", d)
 	}
-	_, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "k": {"id:tax-2", "id:hostile-1"}, "op": {"delete-selected"}, "confirm": {"yes"}})
+	_, body = c.post("/act", confirmation(body))
 	if !strings.Contains(body, "deleted 2, 0 left") || brokertest.Depth(t, topo.DLQ()) != n-3 {
 		t.Errorf("confirmed delete of ticked messages:\n%s", body)
 	}
 	// A key no longer on the queue: nothing done, and said so.
-	_, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "k": {"id:tax-2"}, "op": {"delete-selected"}, "confirm": {"yes"}})
+	_, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "k": {"id:tax-2"}, "op": {"delete-selected"}})
+	_, body = c.post("/act", confirmation(body))
 	if !strings.Contains(body, "deleted 0, 0 left") || !strings.Contains(body, "1 no longer on the queue") {
 		t.Errorf("delete of a message already gone:\n%s", body)
 	}

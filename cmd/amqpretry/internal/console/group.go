@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/deadletter"
+	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/amqphdr"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
@@ -34,6 +35,17 @@ type Message struct {
 	Stack         string // x-exception-stacktrace, raw
 	Attempts      string
 	FailedAt      time.Time // zero when no header says
+	// Replayed is how often the message was replayed before it
+	// failed again (dlx.ReplayKeepHistory), and Previous what it failed
+	// with before the last replay.
+	Replayed int
+	Previous Previous
+}
+
+// Previous is what a replayed message failed with before its last replay,
+// as its history headers say (raw).
+type Previous struct {
+	Exception, ErrorType, FailedAt string
 }
 
 // fingerprintSkips are headers left out of a fingerprint: a quorum queue
@@ -81,6 +93,9 @@ func newMessage(d amqp.Delivery, index int, prefix string) *Message {
 	m.ErrorType = str(prefix + recoverer.SuffixErrorType)
 	m.Exception = str(recoverer.HeaderExceptionMessage)
 	m.Stack = str(recoverer.HeaderExceptionStacktrace)
+	m.Replayed, _ = amqphdr.Count(h[prefix+dlx.SuffixReplayed])
+	m.Previous = Previous{Exception: str(prefix + dlx.SuffixPreviousException),
+		ErrorType: str(prefix + dlx.SuffixPreviousErrorType), FailedAt: str(prefix + dlx.SuffixPreviousFailedAt)}
 	if v, ok := h[prefix+recoverer.SuffixAttempts]; ok && v != nil {
 		m.Attempts = fmt.Sprint(v)
 	}
@@ -126,7 +141,8 @@ const (
 
 // Group is the dead letters of a snapshot that share a cause.
 type Group struct {
-	ID            string // stable for the same cause across snapshots
+	ID            string  // stable for the same cause across snapshots
+	By            GroupBy // what its messages share
 	OriginalQueue string
 	ErrorType     string
 	Signature     string // the normalised exception message or stack
@@ -147,6 +163,16 @@ func (g *Group) Keys() map[string]int {
 		keys[m.Key]++
 	}
 	return keys
+}
+
+// Has reports whether m belongs in g: the same original queue, error type
+// and signature.
+func (g *Group) Has(m *Message) bool {
+	if m.OriginalQueue != g.OriginalQueue || m.ErrorType != g.ErrorType {
+		return false
+	}
+	sig, _ := signatureOf(m, g.By)
+	return sig == g.Signature
 }
 
 // signatureOf is what m is grouped by under by, normalised, with the raw
@@ -179,7 +205,7 @@ func Groups(msgs []*Message, by GroupBy) []*Group {
 		k := key{m.OriginalQueue, m.ErrorType, sig}
 		g := index[k]
 		if g == nil {
-			g = &Group{OriginalQueue: m.OriginalQueue, ErrorType: m.ErrorType, Signature: sig, Example: raw}
+			g = &Group{By: by, OriginalQueue: m.OriginalQueue, ErrorType: m.ErrorType, Signature: sig, Example: raw}
 			index[k] = g
 			groups = append(groups, g)
 		}

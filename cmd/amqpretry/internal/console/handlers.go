@@ -300,7 +300,8 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request, s *session) 
 		Prev     int // the previous page's page parameter; -1 on the first
 		Next     int // the next page's; -1 on the last
 		Cost     string
-	}{q, snap, g, by, shown, pageNo + 1, pages, pageNo - 1, -1, CostNote(snap)}
+		Listed   string // the group's Selection.Digest, for "Replay all" and "Delete all"
+	}{q, snap, g, by, shown, pageNo + 1, pages, pageNo - 1, -1, CostNote(snap), GroupSelection(g).Digest()}
 	if pageNo+1 < pages {
 		page.Next = pageNo + 1
 	}
@@ -329,7 +330,7 @@ func viewBody(body []byte, asked string) bodyView {
 		for cut > 0 && !utf8.RuneStart(body[cut]) {
 			cut--
 		}
-		v.Text, v.NotShown = escape.Block(string(body[:cut])), len(body)-cut
+		v.Text, v.NotShown = block(string(body[:cut])), len(body)-cut
 		return v
 	}
 	switch {
@@ -339,12 +340,12 @@ func viewBody(body []byte, asked string) bodyView {
 	case (asked == "json" || asked == "") && v.CanJSON:
 		var b bytes.Buffer
 		if err := json.Indent(&b, body, "", "  "); err == nil {
-			v.Kind, v.Text = "json", escape.Block(b.String())
+			v.Kind, v.Text = "json", block(b.String())
 			break
 		}
 		fallthrough
 	default:
-		v.Kind, v.Text = "text", escape.Block(string(body))
+		v.Kind, v.Text = "text", block(string(body))
 	}
 	return v
 }
@@ -360,20 +361,34 @@ func (c *Console) messagePage(w http.ResponseWriter, r *http.Request, s *session
 		c.fail(w, r, s, http.StatusNotFound, "No message "+escape.Line(key)+" in the latest look at "+escape.Line(q)+": it may have been replayed or deleted.")
 		return
 	}
-	m := msgs[0]
 	by := groupByOf(r)
+	// Messages of several groups may share a key (a business key as message
+	// id): a link from a group's page names the group.
+	m, same := msgs[0], len(msgs)
+	if g := findGroup(snap, by, r.FormValue("g")); g != nil {
+		var mine []*Message
+		for _, o := range msgs {
+			if g.Has(o) {
+				mine = append(mine, o)
+			}
+		}
+		if len(mine) > 0 {
+			m, same = mine[0], len(mine)
+		}
+	}
 	sig, _ := signatureOf(m, by)
 	page := struct {
 		Queue   string
 		Snap    *Snapshot
 		M       *Message
-		Same    int // messages with the same key
+		Same    int // messages of its group with the same key
+		Others  int // messages of other groups with the same key
 		Body    bodyView
 		Headers []headerView
 		Deaths  []deathView
 		GroupID string
 		By      GroupBy
-	}{Queue: q, Snap: snap, M: m, Same: len(msgs), Body: viewBody(m.Delivery.Body, r.FormValue("view")),
+	}{Queue: q, Snap: snap, M: m, Same: same, Others: len(msgs) - same, Body: viewBody(m.Delivery.Body, r.FormValue("view")),
 		Headers: headersOf(m.Delivery.Headers), Deaths: deathsOf(m.Delivery.Headers),
 		GroupID: groupID(by, m.OriginalQueue, m.ErrorType, sig), By: by}
 	c.render.page(w, http.StatusOK, "message", c.view(s, "Message", page))
@@ -405,8 +420,12 @@ func (c *Console) lookPost(w http.ResponseWriter, r *http.Request, s *session) {
 
 // act replays or deletes the messages a form names: op is replay-group,
 // replay-selected, delete-group or delete-selected; a group is one of the
-// latest look (g, by), a selection the keys the form lists (k). A delete
-// shows a confirmation first.
+// latest look (g, by), a selection the keys the form lists (k), of group g
+// when the form names one (so that a message of another group with the same
+// key is not taken). A delete and a replay of a whole group show a
+// confirmation first, which carries the digest of what it listed
+// (Selection.Digest): when that has changed by the time it is confirmed,
+// nothing is done and a fresh confirmation is shown.
 func (c *Console) act(w http.ResponseWriter, r *http.Request, s *session) {
 	q := r.PostFormValue("q")
 	op, scope, _ := strings.Cut(r.PostFormValue("op"), "-")
@@ -423,67 +442,113 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	by := groupByOf(r)
-	keys := map[string]int{}
 	var group *Group
-	if scope == "group" {
-		if group = findGroup(snap, by, r.PostFormValue("g")); group == nil {
+	if id := r.PostFormValue("g"); id != "" || scope == "group" {
+		if group = findGroup(snap, by, id); group == nil {
 			c.fail(w, r, s, http.StatusConflict, "That group is no longer in the latest look at "+escape.Line(q)+": its messages may have been replayed or deleted.")
 			return
 		}
-		keys = group.Keys()
-	} else {
-		for _, ref := range r.PostForm["k"] {
-			k := Unref(ref)
-			keys[k] = max(1, len(snap.ByKey(k)))
-		}
 	}
-	if len(keys) == 0 {
+	var sel Selection
+	if scope == "group" {
+		sel = GroupSelection(group)
+	} else {
+		keys := make([]string, 0, len(r.PostForm["k"]))
+		for _, ref := range r.PostForm["k"] {
+			keys = append(keys, Unref(ref))
+		}
+		sel = TickedSelection(snap, group, keys)
+	}
+	if len(sel.Keys) == 0 {
 		c.fail(w, r, s, http.StatusBadRequest, "No message selected: tick the messages to act on, or use the group's buttons.")
 		return
 	}
 	dest := Destination{Kind: r.PostFormValue("to"), Queue: strings.TrimSpace(r.PostFormValue("to_queue"))}
-	if op == "delete" && r.PostFormValue("confirm") != "yes" {
-		c.confirmDelete(w, r, s, q, keys, group, by)
-		return
+	if op == "replay" {
+		if _, err := dest.option(); err != nil {
+			c.fail(w, r, s, http.StatusBadRequest, "Nothing was replayed: "+err.Error()+".")
+			return
+		}
+	}
+	if op == "delete" || scope == "group" {
+		cv := confirmView{Op: op, Scope: scope, Queue: q, Group: group, By: by, Dest: dest, Was: -1}
+		listed, digest := r.PostFormValue("listed"), sel.Digest()
+		confirmed := r.PostFormValue("confirm") == "yes"
+		if !confirmed || listed != digest {
+			// A confirmation that does not carry what this would take now
+			// (a later look found more, an action took some) is refused; a
+			// page that listed something else is told.
+			status := http.StatusOK
+			if cv.Stale = confirmed || (listed != "" && listed != digest); cv.Stale {
+				cv.Confirming = confirmed
+				if n, err := strconv.Atoi(r.PostFormValue("n")); err == nil && n >= 0 {
+					cv.Was = n
+				}
+			}
+			if confirmed {
+				status = http.StatusConflict
+				c.log.Warn("console: refused a confirmation of what has changed since", "who", s.who, "remote", r.RemoteAddr,
+					"queue", q, "action", op+"-"+scope, "listed", cv.Was, "now", sel.Requested())
+			}
+			c.confirm(w, r, s, status, cv, sel)
+			return
+		}
 	}
 	var out Outcome
 	actx, cancel := context.WithCancel(c.base())
 	defer cancel()
 	if op == "replay" {
-		out = c.Replay(actx, q, keys, dest)
+		out = c.Replay(actx, q, sel, dest)
 	} else {
-		out = c.Delete(actx, q, keys)
+		out = c.Delete(actx, q, sel)
 	}
 	entry := c.entry(r, s, out)
-	entry.Messages, entry.MessagesNotListed = auditKeys(sortedKeys(keys))
+	entry.Messages, entry.MessagesNotListed = auditKeys(sortedKeys(sel.Keys))
 	if group != nil {
 		entry.Group = group.ID + " " + escape.Line(group.Signature)
 	}
 	c.finish(w, r, s, out, entry)
 }
 
-// confirmDelete shows what a delete would take, with a form that does it.
-func (c *Console) confirmDelete(w http.ResponseWriter, r *http.Request, s *session, q string, keys map[string]int, group *Group, by GroupBy) {
-	sorted := sortedKeys(keys)
-	n := 0
-	for _, k := range sorted {
-		n += keys[k]
-	}
-	page := struct {
-		Queue  string
-		Count  int
-		Group  *Group
-		By     GroupBy
-		Keys   []string // the form's k fields, when not a group
-		Listed []string
-		More   int
-	}{Queue: q, Count: n, Group: group, By: by, Listed: sorted[:min(len(sorted), maxConfirmList)], More: max(0, len(sorted)-maxConfirmList)}
-	if group == nil {
+// confirmView is what a confirmation page shows.
+type confirmView struct {
+	Op    string // replay or delete
+	Scope string // group or selected
+	Queue string
+	Count int
+	Group *Group // the group acted on, or the ticked messages' group; nil: none
+	By    GroupBy
+	Dest  Destination
+	// Keys are the form's k fields, for ticked messages; Listed the keys
+	// the page lists, More how many it leaves out.
+	Keys   []string
+	Listed []string
+	More   int
+	Digest string // of the selection: the form carries it (Selection.Digest)
+	// Stale says that the page the request came from listed something
+	// else: Was messages (-1: unknown), Confirming when that page was a
+	// confirmation (refused).
+	Stale      bool
+	Confirming bool
+	Was        int
+}
+
+// confirm shows what an action on sel would take, with a form that does
+// it.
+func (c *Console) confirm(w http.ResponseWriter, r *http.Request, s *session, status int, cv confirmView, sel Selection) {
+	sorted := sortedKeys(sel.Keys)
+	cv.Count, cv.Digest = sel.Requested(), sel.Digest()
+	cv.Listed, cv.More = sorted[:min(len(sorted), maxConfirmList)], max(0, len(sorted)-maxConfirmList)
+	if cv.Scope != "group" {
 		for _, k := range sorted {
-			page.Keys = append(page.Keys, Ref(k))
+			cv.Keys = append(cv.Keys, Ref(k))
 		}
 	}
-	c.render.page(w, http.StatusOK, "confirm", c.view(s, "Confirm delete", page))
+	title := "Confirm delete"
+	if cv.Op == "replay" {
+		title = "Confirm replay"
+	}
+	c.render.page(w, status, "confirm", c.view(s, title, cv))
 }
 
 func (c *Console) purgePost(w http.ResponseWriter, r *http.Request, s *session) {

@@ -41,7 +41,7 @@ type renderer struct {
 
 var funcs = template.FuncMap{
 	"line":            escape.Line,
-	"lines":           escape.Block,
+	"lines":           block,
 	"hv":              escape.HeaderValue,
 	"cut":             cut,
 	"when":            when,
@@ -77,6 +77,20 @@ func (r *renderer) page(w http.ResponseWriter, status int, name string, v view) 
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
 	_, _ = w.Write(b.Bytes())
+}
+
+// block is s for a <pre>: escaped as escape.Block does, except that its tabs
+// stay tabs, so a stack trace's indented lines show as the runtime wrote
+// them (a tab is as harmless as a line break).
+func block(s string) string {
+	if !strings.Contains(s, "\t") {
+		return escape.Block(s)
+	}
+	parts := strings.Split(s, "\t")
+	for i, p := range parts {
+		parts[i] = escape.Block(p)
+	}
+	return strings.Join(parts, "\t")
 }
 
 // cut is s for a table cell: its white-space runs made one space, cut to n
@@ -135,7 +149,7 @@ func headersOf(h amqp.Table) []headerView {
 	for _, k := range names {
 		v := headerView{Name: escape.Line(k), Value: escape.HeaderValue(h[k])}
 		if s, ok := h[k].(string); ok && strings.Contains(s, "\n") {
-			v.Value, v.Multiline = escape.Block(s), true
+			v.Value, v.Multiline = block(s), true
 		}
 		out = append(out, v)
 	}
