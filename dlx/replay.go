@@ -2,6 +2,7 @@ package dlx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -17,7 +18,11 @@ import (
 type ReplayStats struct {
 	Scanned  int // taken from the DLQ and looked at
 	Replayed int // published (confirmed), then acked on the DLQ
-	Skipped  int // left on the DLQ: not matching, or no destination
+	Skipped  int // left on the DLQ: not matching, no destination, or unreadable
+	// Unreadable counts the skipped messages whose headers amqp091-go
+	// cannot parse, as a framecheck-guarded connection shows them (the CLI's
+	// and the console's): the broker keeps them as they are.
+	Unreadable int
 }
 
 // ReplayOption configures Replay.
@@ -99,6 +104,11 @@ func ReplayProgress(f func(ReplayStats)) ReplayOption {
 // ReplayMatch, stays on the DLQ. Replay looks at each message that was on the
 // DLQ when it started once, and returns when it has seen them all, when the
 // limit is reached, or when ctx ends; ch is used for basic.get and acks.
+// A message whose headers amqp091-go cannot parse (nested below level 32,
+// over 8,192 entries: other clients send them) closes ch's connection; on
+// a connection dialed through the CLI's guard it arrives marked instead,
+// and Replay leaves it on the DLQ and counts it in Unreadable (see
+// docs/limitations.md).
 // Skipped messages are handed back at the end with basic.nack, which
 // RabbitMQ 4.0 counts toward a quorum DLQ's delivery limit (4.3 no longer
 // counts a nack): a Topology gives its quorum DLQ a limit of math.MaxInt32
@@ -129,12 +139,21 @@ func Replay(ctx context.Context, ch *amqp.Channel, pub recoverer.Publisher, dlq 
 		}
 		d, ok, err := ch.Get(dlq, false)
 		if err != nil {
-			return stats, fmt.Errorf("dlx: replay from %s: %w", dlq, err)
+			return stats, fmt.Errorf("dlx: replay from %s: %w%s", dlq, err, frameErrorHint(err))
 		}
 		if !ok {
 			break
 		}
 		stats.Scanned++
+		if _, unreadable := d.Headers[amqphdr.UnreadableHeaders]; unreadable {
+			// A guarded connection shows it without its headers: the copy
+			// would lose them. The broker holds it intact; it stays.
+			held = append(held, d)
+			stats.Skipped++
+			stats.Unreadable++
+			cfg.report(stats)
+			continue
+		}
 		exchange, key := cfg.destination(&d)
 		if (cfg.match != nil && !cfg.match(&d)) || (key == "" && exchange == "") {
 			held = append(held, d)
@@ -157,6 +176,18 @@ func Replay(ctx context.Context, ch *amqp.Channel, pub recoverer.Publisher, dlq 
 		cfg.report(stats)
 	}
 	return stats, nil
+}
+
+// frameErrorHint explains a connection amqp091-go closed because it could
+// not parse a frame: at basic.get, a message's headers.
+func frameErrorHint(err error) string {
+	var amqpErr *amqp.Error
+	if !errors.As(err, &amqpErr) || amqpErr.Code != amqp.FrameError {
+		return ""
+	}
+	return " (the next message's headers are likely ones amqp091-go cannot read: tables or arrays nested deeper than 32 levels, " +
+		"or over 8,192 entries; it stays on the queue, and amqpretry dlq replay, whose connection reads past such messages, " +
+		"replays the others)"
 }
 
 func (c *replayConfig) report(s ReplayStats) {

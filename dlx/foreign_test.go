@@ -1,0 +1,91 @@
+package dlx_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/internal/amqphdr"
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/framecheck"
+)
+
+// guardedChannel is a channel on a connection whose socket framecheck
+// guards, as the CLI dials.
+func guardedChannel(t *testing.T) *amqp.Channel {
+	t.Helper()
+	brokertest.Dial(t)
+	conn, err := amqp.DialConfig(brokertest.URL(), amqp.Config{Dial: func(network, addr string) (net.Conn, error) {
+		c, err := net.DialTimeout(network, addr, 10*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		return framecheck.Guard(c), nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return brokertest.Channel(t, conn)
+}
+
+// tooDeep is a header value amqp091-go cannot read: tables nested 33 deep,
+// as pika sends them and RabbitMQ takes them.
+func tooDeep() amqp.Table {
+	v := amqp.Table{"leaf": "x"}
+	for range 32 {
+		v = amqp.Table{"d": v}
+	}
+	return v
+}
+
+// A dead letter amqp091-go cannot read in the middle of a DLQ: Replay moves
+// the others and leaves it where it is, as the broker holds it, counted as
+// unreadable (issue 41, item 3). It must not publish the copy it was shown,
+// whose headers are only the guard's note.
+func TestReplayCarriesOnPastAnUnreadableDeadLetter(t *testing.T) {
+	work, dlq := brokertest.Name(t, "work"), brokertest.Name(t, "dlq")
+	brokertest.Queue(t, work, nil)
+	brokertest.Queue(t, dlq, nil)
+	brokertest.Publish(t, dlq,
+		amqp.Publishing{MessageId: "before"},
+		amqp.Publishing{MessageId: "unreadable", Headers: amqp.Table{"deep": tooDeep()}},
+		amqp.Publishing{MessageId: "after"})
+
+	// ReplayTo: a destination that does not depend on the headers.
+	stats, err := dlx.Replay(context.Background(), guardedChannel(t), newPublisher(t), dlq, dlx.ReplayTo(work))
+	if err != nil || stats.Scanned != 3 || stats.Replayed != 2 || stats.Skipped != 1 || stats.Unreadable != 1 {
+		t.Fatalf("stats %+v, err %v; want 2 replayed and 1 unreadable left", stats, err)
+	}
+	back := drain(t, work)
+	if len(back) != 2 || back[0].MessageId != "before" || back[1].MessageId != "after" {
+		t.Fatalf("work queue holds %d messages, want before and after", len(back))
+	}
+	ch := guardedChannel(t)
+	d, ok, err := ch.Get(dlq, false)
+	if err != nil || !ok || d.MessageId != "unreadable" || d.Headers[amqphdr.UnreadableHeaders] == nil {
+		t.Fatalf("the DLQ's message: ok=%v err=%v id %q headers %v", ok, err, d.MessageId, d.Headers)
+	}
+	_ = d.Nack(false, true)
+}
+
+// Without the guard the connection closes on such a message: Replay says
+// why, and what reads past it.
+func TestReplayExplainsAnUnreadableDeadLetter(t *testing.T) {
+	work, dlq := brokertest.Name(t, "work"), brokertest.Name(t, "dlq")
+	brokertest.Queue(t, work, nil)
+	brokertest.Queue(t, dlq, nil)
+	brokertest.Publish(t, dlq, amqp.Publishing{MessageId: "unreadable", Headers: amqp.Table{"deep": tooDeep()}})
+	_, err := dlx.Replay(context.Background(), brokertest.Channel(t, brokertest.Dial(t)), newPublisher(t), dlq, dlx.ReplayTo(work))
+	if err == nil || !strings.Contains(err.Error(), "amqp091-go cannot read") || !strings.Contains(err.Error(), "amqpretry dlq replay") {
+		t.Fatalf("err = %v, want it to say the headers cannot be read and what reads past them", err)
+	}
+	if n := brokertest.Depth(t, dlq); n != 1 {
+		t.Errorf("DLQ holds %d, want the message back", n)
+	}
+}
