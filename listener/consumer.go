@@ -235,8 +235,9 @@ type parkLink struct{ prev, next *delivery }
 // recovery is what a delivery whose chain went to the recoverer carries,
 // set and read on the delivery's goroutine.
 type recovery struct {
-	failedFor error // the cause it went to the recoverer with (Recovering), for the kill switch
-	recorded  bool  // the kill switch has counted it already
+	failedFor   error // the cause it went to the recoverer with (Recovering), for the kill switch
+	recorded    bool  // the kill switch has counted it already
+	probeFailed bool  // ... as the failure of its probe: it is settled as the chain says
 
 	recovered  bool   // its recoverer put it elsewhere (RecoveredTo): acked, it counts as recovered
 	told       bool   // ... and said where (to, deadLetter)
@@ -564,10 +565,17 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) chainrun.Set
 	// requeue delay that may follow.
 	l.endProcess(ctx, span, dd.received, err, settlement)
 	if l.killSwitch != nil {
-		if o, counted := l.classify(dd, err, settlement); counted && (dd.fate == nil || !dd.fate.recorded) && l.killSwitch.record(time.Now(), o) {
-			l.stopAllConsumers()
+		probeFailed := dd.fate != nil && dd.fate.probeFailed
+		if o, counted := l.classify(dd, err, settlement); counted && (dd.fate == nil || !dd.fate.recorded) {
+			tripped, failedProbe := l.killSwitch.record(time.Now(), o)
+			if tripped {
+				l.stopAllConsumers()
+			}
+			probeFailed = probeFailed || failedProbe
 		}
-		if (settlement == chainrun.Reject || settlement == chainrun.Requeue) && l.tripped() {
+		if (settlement == chainrun.Reject || settlement == chainrun.Requeue) && l.tripped() && !probeFailed {
+			// (The probe's own failure is settled as the chain says, so a
+			// message that fails every time does not fail every probe.)
 			// Once the switch has tripped, a failure goes back to the
 			// queue untouched, as the chain's recoverer would have had it:
 			// a reject without requeue would hand it to the queue's DLX.

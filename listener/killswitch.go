@@ -48,7 +48,10 @@ type KillSwitch struct {
 // than to the DLQ. Messages stay on the queue while it is tripped. After RestartTimeout
 // it consumes again with one consumer at prefetch 1, a probe: the first
 // delivery that succeeds resets the window and brings the other consumers
-// back; one that fails trips it again, with the timeout doubled.
+// back; one that fails trips it again, with the timeout doubled, and goes on
+// to its recoverer (or is settled as the chain says) as it would with the
+// switch closed, so that the next probe takes the next message: a poison
+// message at the head of the queue costs one probe, not every probe.
 //
 // Off by default.
 func WithKillSwitch(ks KillSwitch) Option {
@@ -148,26 +151,26 @@ const (
 )
 
 // record counts one delivery's end and reports whether it tripped the
-// switch.
-func (k *killSwitch) record(now time.Time, o outcome) (tripped bool) {
+// switch, and whether it was the probe's failure (which trips it again).
+func (k *killSwitch) record(now time.Time, o outcome) (tripped, probeFailed bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	switch k.state {
 	case switchTripped:
-		return false // deliveries in flight finishing: they decide nothing
+		return false, false // deliveries in flight finishing: they decide nothing
 	case switchProbing:
 		switch o {
 		case ignored:
-			return false // the probe goes on with the next delivery
+			return false, false // the probe goes on with the next delivery
 		case failed:
 			k.trip(now, "the probe failed")
-			return true
+			return true, true
 		}
 		k.state = switchClosed
 		k.trips = 0
 		k.buckets = [killSwitchBuckets]bucket{}
 		signal(k.probeDone)
-		return false
+		return false, false
 	}
 	b := &k.buckets[(now.UnixNano()/int64(k.width))%killSwitchBuckets]
 	if now.Sub(b.start) >= k.width {
@@ -186,9 +189,9 @@ func (k *killSwitch) record(now time.Time, o outcome) (tripped bool) {
 	}
 	if ended >= k.cfg.ActivationThreshold && float64(fails) >= k.cfg.TripThreshold*float64(ended) {
 		k.trip(now, fmt.Sprintf("%d of the %d deliveries that ended in the last %v failed (TripThreshold %v)", fails, ended, k.cfg.TrackingPeriod, k.cfg.TripThreshold))
-		return true
+		return true, false
 	}
-	return false
+	return false, false
 }
 
 // stopAllConsumers is the trip, at once, from the delivery that tripped it:
@@ -255,9 +258,19 @@ func (l *Listener) recordFailure(dd *delivery, cause error) error {
 	if l.cfg.killSwitch.IgnorePermanent && middleware.IsPermanent(cause) {
 		return nil // counted as activity when it ends
 	}
-	dd.recovery().recorded = true
-	if ks.record(time.Now(), failed) {
+	r := dd.recovery()
+	r.recorded = true
+	tripped, probeFailed := ks.record(time.Now(), failed)
+	if tripped {
 		l.stopAllConsumers()
+	}
+	if probeFailed {
+		// The probe's own failure goes on to the recoverer, as it would
+		// with the switch closed: handed back, it would be at the head of
+		// the queue again for the next probe, and one poison message would
+		// keep the switch tripped for ever.
+		r.probeFailed = true
+		return nil
 	}
 	if state, _, _ := ks.current(); state != switchClosed {
 		return errTripped

@@ -92,9 +92,12 @@ func TestKillSwitchStopsConsumingDuringAnOutage(t *testing.T) {
 			// Failures are counted as they go to the recoverer: those before
 			// the one that trips it (fewer than ActivationThreshold, 5, when
 			// all fail) are dead-lettered; that one and every later one go
-			// back to the queue.
-			if dead >= 5 {
-				t.Errorf("the DLQ holds %d of %d, want fewer than the ActivationThreshold: the trip did not keep the outage from dead-lettering", dead, n)
+			// back to the queue, but for the message of each failed probe,
+			// which goes on to the recoverer (so that a poison message does
+			// not fail every probe).
+			failedProbes := log.Count("kill switch tripped") - 1
+			if dead >= 5+failedProbes {
+				t.Errorf("the DLQ holds %d of %d, want fewer than the ActivationThreshold plus one per failed probe (%d): the trip did not keep the outage from dead-lettering", dead, n, failedProbes)
 			}
 			if brokertest.Depth(t, q) != 0 {
 				t.Errorf("the queue still holds %d", brokertest.Depth(t, q))
@@ -141,5 +144,50 @@ func TestKillSwitchTrippedSendsNoRejectionToTheDLX(t *testing.T) {
 	}
 	if dead+left != n {
 		t.Errorf("%d dead-lettered + %d on the queue = %d, want all %d", dead, left, dead+left, n)
+	}
+}
+
+// A poison message at the head of the queue must not fail every probe: the
+// probe's failure trips the switch again, and its message goes on to the
+// recoverer (the DLQ, with its reason) rather than back to the head, so the
+// next probe takes the next message. Two poison messages ahead of ten
+// healthy ones: both end on the DLQ after a probe each, and the healthy ones
+// are handled.
+func TestKillSwitchProbeDoesNotRetakeAPoisonMessageForEver(t *testing.T) {
+	q, dlq := brokertest.Name(t, "q"), brokertest.Name(t, "dlq")
+	brokertest.Queue(t, q, nil)
+	brokertest.Queue(t, dlq, nil)
+	pub, err := publisher.New(brokertest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	var poisonCalls atomic.Int64
+	handle := func(_ context.Context, d *amqp.Delivery) error {
+		if d.MessageId == "p1" || d.MessageId == "p2" {
+			poisonCalls.Add(1)
+			return errors.New("cannot parse the order")
+		}
+		return nil
+	}
+	msgs := []amqp.Publishing{{MessageId: "p1"}, {MessageId: "p2"}}
+	for i := range 10 {
+		msgs = append(msgs, amqp.Publishing{MessageId: string(rune('a' + i))})
+	}
+	brokertest.Publish(t, q, msgs...)
+	var log testlog.Buffer
+	r := start(t, q, middleware.Recover(recoverer.Republish(pub, "", dlq)), handle, listener.WithPrefetch(1), listener.WithLogger(log.Logger()),
+		listener.WithKillSwitch(listener.KillSwitch{TripThreshold: 0.5, ActivationThreshold: 1, TrackingPeriod: 10 * time.Second,
+			RestartTimeout: 100 * time.Millisecond, MaxRestartTimeout: 200 * time.Millisecond}))
+	brokertest.Eventually(t, 15*time.Second, "the ten healthy messages handled", func() bool { return r.Stats().Handled-r.Stats().Recovered >= 10 })
+	r.Stop(t)
+	if got := drain(t, dlq); len(got) != 2 || got[0] != "p1" || got[1] != "p2" {
+		t.Errorf("the DLQ holds %v, want [p1 p2]", got)
+	}
+	if n := poisonCalls.Load(); n > 3 {
+		t.Errorf("the poison messages were handled %d times, want 3: p1 once before the trip and once as a probe, p2 once as a probe", n)
+	}
+	if d := brokertest.Depth(t, q); d != 0 {
+		t.Errorf("the queue still holds %d", d)
 	}
 }
