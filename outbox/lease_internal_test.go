@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"testing"
 	"time"
 
@@ -47,7 +46,7 @@ func TestALateOutcomeNeverTouchesARowAnotherClaimTook(t *testing.T) {
 	r := ob.Relay(unusedPublisher{})
 	claim := func(token int64, lease time.Duration) int {
 		t.Helper()
-		rows, _, err := r.claim(ctx, token, lease)
+		rows, _, err := r.claim(ctx, db, token, lease, r.cfg.maxBatchBytes)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,7 +59,7 @@ func TestALateOutcomeNeverTouchesARowAnotherClaimTook(t *testing.T) {
 		}
 		return
 	}
-	ids := func() *[]string { return &[]string{strconv.FormatInt(id, 10)} }
+	sent := func(claim int64) *[]sentRow { return &[]sentRow{{id, claim}} }
 
 	if n := claim(1, 200*time.Millisecond); n != 1 {
 		t.Fatalf("the first claim took %d rows, want 1", n)
@@ -73,17 +72,17 @@ func TestALateOutcomeNeverTouchesARowAnotherClaimTook(t *testing.T) {
 		t.Fatalf("the lapsed lease's row was not claimed again")
 	}
 	// The first claimer's confirm and failure come in late.
-	if err := r.write(ctx, ids(), nil, 1); err != nil {
+	if err := r.write(ctx, sent(1), nil); err != nil {
 		t.Fatal(err)
 	}
 	reason := "late"
-	if err := r.write(ctx, &[]string{}, []outcome{{ID: id, Tries: 1, Reason: &reason, Status: StatusFailed}}, 1); err != nil {
+	if err := r.write(ctx, &[]sentRow{}, []outcome{{ID: id, Claim: 1, Tries: 1, Reason: &reason, Status: StatusFailed}}); err != nil {
 		t.Fatal(err)
 	}
 	if status, tries, c := state(); status != "in_flight" || tries != 0 || c != 2 {
 		t.Fatalf("after the late outcomes the row is %s, %d tries, claim %d; want in_flight, 0, the second claim's", status, tries, c)
 	}
-	if err := r.write(ctx, ids(), nil, 2); err != nil {
+	if err := r.write(ctx, sent(2), nil); err != nil {
 		t.Fatal(err)
 	}
 	if status, _, c := state(); status != "sent" || c != 0 {

@@ -205,9 +205,11 @@ func WithPublishTimeout(d time.Duration) Option {
 // lasts no other relay takes the rows, and once it lapses (the relay died,
 // froze, or lost its database connection) any relay may, and the first
 // relay's late outcomes are no longer recorded. So it bounds how long a row
-// waits after its relay is gone, and must exceed the publish timeout (by a
-// second at least): a publish is started only if it can end within the
-// lease. Default: the publish timeout plus 30s (a minute by default).
+// waits after its relay is gone, and must exceed the publish timeout by a
+// second at least: each publish's timeout is cut to end a second before its
+// lease does, and a row with less than half the publish timeout left (it
+// waited long for a WithConcurrency slot) is handed back untried, with a
+// warning. Default: the publish timeout plus 30s (a minute by default).
 func WithLease(d time.Duration) Option {
 	return func(c *config) {
 		if d <= 0 {
@@ -219,9 +221,11 @@ func WithLease(d time.Duration) Option {
 }
 
 // WithShutdownTimeout bounds how long Run, once its context has ended,
-// waits for the confirms of the publishes it has already sent, and to
-// record them; what is not recorded by then is sent again by the next
-// relay to claim it. It starts no new publish. 0 stops at once. Default 5s.
+// waits for the confirms of the publishes it has already sent; it starts no
+// new publish. The confirms that came in are recorded as they arrive, and
+// the rows not confirmed are handed back, due at once for the next relay:
+// that writing takes up to 5s more when the database is slow. 0 waits for
+// no confirm. Default 5s.
 func WithShutdownTimeout(d time.Duration) Option {
 	return func(c *config) {
 		if d < 0 {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -64,13 +66,22 @@ const (
 	outageBackoffMax     = 5 * time.Second
 )
 
+// shutdownRecordTimeout bounds what a stopping relay spends, once its
+// shutdown timeout has ended, on writing what it has learned: the confirms
+// that came in and the rows it hands back are still recorded, for up to this
+// long, so that a shutdown neither sends confirmed rows again nor leaves
+// rows leased to nobody.
+const shutdownRecordTimeout = 5 * time.Second
+
 // Run publishes due rows until ctx ends, then returns nil. It returns an
 // error only for invalid options or when the publisher is closed under it.
 // A database that fails is logged, waited out with backoff and resumed.
 //
-// Run drives WithWorkers loops (default 2), each claiming its own batches,
-// so that one batch is published while the previous one is recorded; they
-// start a fraction of WithPollInterval apart, to spread their polls.
+// Run drives WithWorkers loops (default 2), each claiming its own batches;
+// they start a fraction of WithPollInterval apart, to spread their polls.
+// A worker records each publish's outcome as its confirm arrives, and claims
+// the next batch while the publishes of the last one still wait for theirs,
+// so a destination slow to confirm holds up its own rows only.
 //
 // Once ctx ends, Run starts no publish and claims nothing more; it waits up
 // to WithShutdownTimeout for the confirms of what it has sent, records them,
@@ -86,9 +97,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer cancel()
 
 	// grace outlives ctx by the shutdown timeout: the publishes already sent
-	// wait for their confirms under it, and their outcomes are recorded.
+	// wait for their confirms under it, and a claim under way finishes.
+	// keep outlives grace by shutdownRecordTimeout: the outcomes are written
+	// under it, so none known by the end of grace is forgotten.
 	grace, endGrace := context.WithCancel(context.WithoutCancel(ctx))
 	defer endGrace()
+	keep, endKeep := context.WithCancel(context.WithoutCancel(ctx))
+	defer endKeep()
 	workersDone := make(chan struct{})
 	var timerWG sync.WaitGroup
 	timerWG.Add(1)
@@ -99,12 +114,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-workersDone:
 			return
 		}
-		t := time.NewTimer(r.cfg.shutdown)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			endGrace()
-		case <-workersDone:
+		if !sleepUnless(workersDone, r.cfg.shutdown) {
+			return
+		}
+		endGrace()
+		if sleepUnless(workersDone, shutdownRecordTimeout) {
+			endKeep()
 		}
 	}()
 
@@ -114,7 +129,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := r.work(ctx, grace, i, log); err != nil {
+			if err := r.work(ctx, grace, keep, i, log); err != nil {
 				errs <- err
 				cancel() // the others stop too
 			}
@@ -129,32 +144,24 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // work is one worker's loop; worker 0 also deletes sent rows past the
 // retention.
-func (r *Relay) work(ctx, grace context.Context, worker int, log *slog.Logger) error {
-	if worker > 0 && !sleep(ctx, r.cfg.pollInterval*time.Duration(worker)/time.Duration(r.cfg.workers)) {
+func (r *Relay) work(ctx, grace, keep context.Context, n int, log *slog.Logger) error {
+	if n > 0 && !sleep(ctx, r.cfg.pollInterval*time.Duration(n)/time.Duration(r.cfg.workers)) {
 		return nil
 	}
+	w := r.startWorker(grace, keep)
+	defer w.stop()
 	outages := 0
 	var outageStart time.Time
 	nextCleanup := time.Now()
-	var next *batch          // claimed while the last batch was published
-	var recording *recording // the last batch's outcomes being written
-	defer func() {
-		_ = recording.wait()
-		if next != nil { // hand it back: due at once for the next relay
-			_, _ = r.record(ctx, grace, next.rows, next.token, next.leaseEnd)
-		}
-	}()
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if worker == 0 && r.cfg.retention > 0 && !time.Now().Before(nextCleanup) {
+		if n == 0 && r.cfg.retention > 0 && !time.Now().Before(nextCleanup) {
 			r.cleanup(ctx)
 			nextCleanup = time.Now().Add(r.cfg.cleanupEvery)
 		}
-		var more bool
-		var err error
-		more, next, recording, err = r.pass(ctx, grace, next, recording)
+		more, err := w.pass(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -170,12 +177,12 @@ func (r *Relay) work(ctx, grace context.Context, worker int, log *slog.Logger) e
 			var unreachable *brokerUnreachableError
 			if errors.As(err, &unreachable) {
 				log.Warn("outbox relay: the broker is unreachable; the rows stay in flight and no try is counted; waiting",
-					"worker", worker, "rows", unreachable.rows, "error", pgsql.Redact(err.Error()), "retry_in", wait, "failures", outages)
+					"worker", n, "rows", unreachable.rows, "error", pgsql.Redact(err.Error()), "retry_in", wait, "failures", outages)
 			} else if pgsql.UndefinedTable(err) {
 				log.Error("outbox relay: the outbox table does not exist: run Outbox.Migrate, or apply Outbox.Schema; waiting",
-					"worker", worker, "error", pgsql.Redact(err.Error()), "retry_in", wait)
+					"worker", n, "error", pgsql.Redact(err.Error()), "retry_in", wait)
 			} else {
-				log.Warn("outbox relay: cannot reach the outbox table; waiting", "worker", worker, "error", pgsql.Redact(err.Error()), "retry_in", wait, "failures", outages)
+				log.Warn("outbox relay: cannot reach the outbox table; waiting", "worker", n, "error", pgsql.Redact(err.Error()), "retry_in", wait, "failures", outages)
 			}
 			if !sleep(ctx, wait) {
 				return nil
@@ -183,16 +190,16 @@ func (r *Relay) work(ctx, grace context.Context, worker int, log *slog.Logger) e
 			continue
 		}
 		if outages > 0 {
-			log.Info("outbox relay: the outage is over; resumed", "worker", worker, "after", since(outageStart), "failures", outages)
+			log.Info("outbox relay: the outage is over; resumed", "worker", n, "after", since(outageStart), "failures", outages)
 			outages = 0
 		}
-		if !more && next == nil && !sleep(ctx, r.cfg.pollInterval) {
+		if !more && !sleep(ctx, r.cfg.pollInterval) {
 			return nil
 		}
 	}
 }
 
-// claimed is one row taken by a pass.
+// claimed is one row taken by a claim.
 type claimed struct {
 	id        int64
 	messageID string
@@ -201,88 +208,253 @@ type claimed struct {
 	msg       amqp.Publishing
 	tries     int   // failed publishes before this one
 	bad       error // the properties do not decode: fail the row as it is
-	result    error
+	token     int64 // the claim's
+	leaseEnd  time.Time
 	attempted bool
+	result    error
+	cut       bool // the shutdown timeout ended the wait for the confirm
 }
 
-// batch is the rows one claim leased, under token until leaseEnd.
+// batch is the rows one claim leased.
 type batch struct {
-	rows     []*claimed
-	found    int // due rows the claim found, WithMaxBatchBytes's cut included
-	token    int64
-	leaseEnd time.Time
+	rows  []*claimed
+	found int // due rows the claim found, WithMaxBatchBytes's cut included
 }
 
-// claimBatch leases a batch of due rows; nil when none is due.
-func (r *Relay) claimBatch(ctx context.Context) (*batch, error) {
-	token := newToken()
-	lease := r.cfg.leaseFor()
-	claimedAt := time.Now() // before the claim: the lease ends no earlier than this says
-	rows, found, err := r.claim(ctx, token, lease)
-	if err != nil || len(rows) == 0 {
-		return nil, err
+// worker is the state of one of Run's loops. The loop claims batches and
+// starts their publishes, at most WithConcurrency awaiting confirms at once;
+// each publish hands its row to the worker's recorder as it ends, and the
+// recorder writes the outcomes that have come in, a group at a time. So
+// claiming, publishing and recording overlap, and a row whose confirm is
+// late holds up its own slot only.
+type worker struct {
+	r         *Relay
+	grace     context.Context
+	slots     chan struct{} // one per publish under way
+	publishes sync.WaitGroup
+	bytes     atomic.Int64  // message bytes of the publishes under way
+	freed     chan struct{} // a publish ended: bytes went down
+	outcomes  chan *claimed // to the recorder
+	recorded  chan struct{} // closed once the recorder has ended
+
+	mu   sync.Mutex
+	halt error // publisher.ErrClosed, or a *brokerUnreachableError
+}
+
+// startWorker starts a worker's recorder, which writes under keep.
+func (r *Relay) startWorker(grace, keep context.Context) *worker {
+	limit := r.cfg.concurrency
+	if limit == 0 {
+		limit = r.cfg.batchSize
 	}
-	return &batch{rows: rows, found: found, token: token, leaseEnd: claimedAt.Add(lease)}, nil
+	w := &worker{
+		r:        r,
+		grace:    grace,
+		slots:    make(chan struct{}, limit),
+		freed:    make(chan struct{}, 1),
+		outcomes: make(chan *claimed, r.cfg.batchSize),
+		recorded: make(chan struct{}),
+	}
+	go w.record(keep)
+	return w
 }
 
-// pass publishes a batch, cur, claiming it first if it is nil, and starts
-// recording the outcomes, which it returns as rec. It reports whether more
-// rows may be due: the claim found a full batch, or WithMaxBatchBytes cut
-// it short; then, while it publishes, it claims the next batch and returns
-// it. So claiming, publishing and recording overlap, as the database and the
-// broker work in parallel; prev, the last pass's recording, is waited for
-// before this one starts, and its error returned.
+// stop waits for the publishes under way (each ends by its timeout, or with
+// grace) and for the recorder to write their outcomes.
+func (w *worker) stop() {
+	w.publishes.Wait()
+	close(w.outcomes)
+	<-w.recorded
+}
+
+// maxRecordGroup bounds the outcomes one write takes.
+const maxRecordGroup = 2000
+
+// record writes the outcomes as they come in: whatever has arrived while
+// the last write ran goes in the next.
+func (w *worker) record(keep context.Context) {
+	defer close(w.recorded)
+	for c := range w.outcomes {
+		group := []*claimed{c}
+	gather:
+		for len(group) < maxRecordGroup {
+			select {
+			case c, ok := <-w.outcomes:
+				if !ok {
+					break gather
+				}
+				group = append(group, c)
+			default:
+				break gather
+			}
+		}
+		w.r.record(keep, group)
+	}
+}
+
+// pass claims a batch and starts publishing it. It reports whether more rows
+// may be due (the claim found a full batch, or WithMaxBatchBytes cut it
+// short), or why the worker should wait: the database failed, or a publish
+// found the publisher closed or without a connection.
 //
 // The claim sets the rows' claim to a token of its own and their
 // next_retry_at to the lease's end, so no relay takes them while it lasts;
 // every later statement on them names the token, so once the lease has
-// lapsed and another relay has claimed a row, nothing this pass learns is
+// lapsed and another relay has claimed a row, nothing this worker learns is
 // written to it.
-func (r *Relay) pass(ctx, grace context.Context, cur *batch, prev *recording) (more bool, next *batch, rec *recording, err error) {
-	if cur == nil {
-		if cur, err = r.claimBatch(ctx); cur == nil {
-			return false, nil, nil, errors.Join(err, prev.wait())
+func (w *worker) pass(ctx context.Context) (more bool, err error) {
+	if err := w.takeHalt(); err != nil {
+		return false, err
+	}
+	budget, ok := w.room(ctx)
+	if !ok {
+		return false, nil
+	}
+	b, err := w.r.claimBatch(ctx, w.grace, budget)
+	if err != nil || b == nil {
+		return false, err
+	}
+	if ctx.Err() != nil {
+		w.handBack(b.rows) // due at once for the next relay
+		return false, nil
+	}
+	w.dispatch(ctx, b)
+	return b.found >= w.r.cfg.batchSize || len(b.rows) < b.found, nil
+}
+
+// room waits until the publishes under way hold at most half of
+// WithMaxBatchBytes in messages, and returns what the next claim may take:
+// a worker holds about WithMaxBatchBytes at most (one row more, when a
+// single row is larger). false means ctx ended.
+func (w *worker) room(ctx context.Context) (int64, bool) {
+	limit := w.r.cfg.maxBatchBytes
+	for {
+		if held := w.bytes.Load(); held <= limit/2 {
+			return limit - held, true
+		}
+		select {
+		case <-w.freed:
+		case <-ctx.Done():
+			return 0, false
 		}
 	}
-	more = cur.found >= r.cfg.batchSize || len(cur.rows) < cur.found
-	var claimErr error
-	claimed := make(chan struct{})
-	if more && ctx.Err() == nil {
-		// Under grace, not ctx: a claim cut short by shutdown after the
-		// database ran it would leave its rows leased, unpublished, until
-		// the lease ends; one that finishes is handed back by work.
+}
+
+// handBack gives rows to the recorder unpublished: a row that does not
+// decode is failed, the others are released, due at once.
+func (w *worker) handBack(rows []*claimed) {
+	for _, c := range rows {
+		w.outcomes <- c
+	}
+}
+
+// dispatch starts the publishes of b's rows in id order, each once a slot
+// is free, and returns once every row is started or handed to the recorder.
+// It starts none once ctx has ended. Each publish's timeout is
+// WithPublishTimeout, cut to end a margin before the lease does, so that its
+// outcome is recorded while the claim holds; a row whose lease has less than
+// half the publish timeout left is handed back untried. A publish runs
+// under grace, so one already sent when ctx ends still gets its confirm, up
+// to the shutdown timeout.
+func (w *worker) dispatch(ctx context.Context, b *batch) {
+	r := w.r
+	for i, c := range b.rows {
+		if c.bad != nil {
+			w.outcomes <- c
+			continue
+		}
+		select {
+		case w.slots <- struct{}{}:
+		case <-ctx.Done():
+			w.handBack(b.rows[i:])
+			return
+		}
+		left := time.Until(c.leaseEnd) - leaseMargin
+		if ctx.Err() != nil || left < r.cfg.publishTimeout/2 {
+			<-w.slots
+			if ctx.Err() == nil {
+				r.cfg.logger.Warn("outbox relay: claimed rows were handed back untried: too little of their lease was left to publish them (a longer WithLease, or a higher WithConcurrency, leaves more)",
+					"table", r.cfg.table.Name, "rows", len(b.rows)-i, "lease_left", time.Until(c.leaseEnd).Round(time.Millisecond), "publish_timeout", r.cfg.publishTimeout)
+			}
+			w.handBack(b.rows[i:])
+			return
+		}
+		timeout := min(r.cfg.publishTimeout, left)
+		size := int64(len(c.msg.Body))
+		w.bytes.Add(size)
+		c.attempted = true
+		w.publishes.Add(1)
 		go func() {
-			defer close(claimed)
-			next, claimErr = r.claimBatch(grace)
+			defer w.publishes.Done()
+			c.result = r.publishOne(w.grace, c, timeout)
+			c.cut = w.grace.Err() != nil && errors.Is(c.result, context.Canceled)
+			c.msg = amqp.Publishing{} // the recorder needs none of it
+			w.noteHalt(c)
+			w.bytes.Add(-size)
+			select {
+			case w.freed <- struct{}{}:
+			default:
+			}
+			// The slot is held until the recorder takes the outcome: a
+			// database slower than the broker slows the publishing down
+			// rather than piling outcomes up.
+			w.outcomes <- c
+			<-w.slots
 		}()
-	} else {
-		close(claimed)
 	}
-	r.publish(ctx, grace, cur.rows, cur.leaseEnd)
-	prevErr := prev.wait()
-	rec = &recording{done: make(chan struct{})}
-	go func() {
-		defer close(rec.done)
-		rec.halt, rec.err = r.record(ctx, grace, cur.rows, cur.token, cur.leaseEnd)
-	}()
-	<-claimed // the claim ends within dbTimeout, or with grace
-	return more, next, rec, errors.Join(prevErr, claimErr)
 }
 
-// recording is a batch's outcomes being written by record.
-type recording struct {
-	done      chan struct{}
-	halt, err error
+// noteHalt remembers a publish that found the publisher closed or without
+// a connection, for the worker to stop or wait.
+func (w *worker) noteHalt(c *claimed) {
+	closed := errors.Is(c.result, publisher.ErrClosed)
+	if !closed && !errors.Is(c.result, publisher.ErrNotConnected) {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var unreachable *brokerUnreachableError
+	switch {
+	case closed:
+		w.halt = c.result
+	case w.halt == nil:
+		w.halt = &brokerUnreachableError{rows: 1, cause: c.result}
+	case errors.As(w.halt, &unreachable):
+		unreachable.rows++
+	}
 }
 
-// wait waits for the recording to end (it does within the lease, or with
-// grace) and returns its error; a nil recording has none.
-func (rec *recording) wait() error {
-	if rec == nil {
-		return nil
+// takeHalt returns and forgets what noteHalt remembered.
+func (w *worker) takeHalt() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h := w.halt
+	w.halt = nil
+	return h
+}
+
+// claimBatch leases a batch of due rows, holding at most budget bytes of
+// messages (the first row always); nil when none is due. It waits for a
+// pool connection under ctx, so a stopped relay does not wait on a busy
+// pool, and claims under grace: a claim cut short after the database ran it
+// would leave its rows leased, unpublished, until the lease ends.
+func (r *Relay) claimBatch(ctx, grace context.Context, budget int64) (*batch, error) {
+	conn, err := r.o.db.Conn(ctx)
+	if err != nil {
+		return nil, pgsql.RedactErr(err)
 	}
-	<-rec.done
-	return errors.Join(rec.err, rec.halt)
+	defer conn.Close()
+	token := newToken()
+	lease := r.cfg.leaseFor()
+	claimedAt := time.Now() // before the claim: the lease ends no earlier than this says
+	rows, found, err := r.claim(grace, conn, token, lease, budget)
+	if err != nil || len(rows) == 0 {
+		return nil, err
+	}
+	for _, c := range rows {
+		c.token, c.leaseEnd = token, claimedAt.Add(lease)
+	}
+	return &batch{rows: rows, found: found}, nil
 }
 
 // newToken returns a random claim token.
@@ -292,7 +464,7 @@ func newToken() int64 {
 	return int64(binary.BigEndian.Uint64(b[:]) >> 1)
 }
 
-// brokerUnreachableError: publishes of a pass found the publisher without a
+// brokerUnreachableError: publishes found the publisher without a
 // connection (publisher.ErrNotConnected). Those rows stay due with no try
 // counted, since the broker, not the message, is at fault: an outage longer
 // than the retry schedule must not fail every pending row. The relay waits
@@ -308,16 +480,21 @@ func (e *brokerUnreachableError) Error() string {
 
 func (e *brokerUnreachableError) Unwrap() error { return e.cause }
 
+// queryer is a *sql.DB or a *sql.Conn.
+type queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
 // claim leases up to a batch of due rows, in id order, in one statement
 // (so one short transaction): it locks the due rows it can (SKIP LOCKED:
 // another relay's claim in progress keeps its own), keeps those that fit
-// WithMaxBatchBytes (the first always), stamps them with token and the
-// lease's end, and returns their messages. found is how many due rows it
-// locked, kept or not.
-func (r *Relay) claim(ctx context.Context, token int64, lease time.Duration) (rows []*claimed, found int, err error) {
+// budget bytes (the first always), stamps them with token and the lease's
+// end, and returns their messages. found is how many due rows it locked,
+// kept or not.
+func (r *Relay) claim(ctx context.Context, db queryer, token int64, lease time.Duration, budget int64) (rows []*claimed, found int, err error) {
 	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	rs, err := r.o.db.QueryContext(qctx, `WITH due AS (
+	rs, err := db.QueryContext(qctx, `WITH due AS (
 	SELECT id, octet_length(body) + octet_length(properties) AS size
 	FROM `+r.cfg.table.Quoted+`
 	WHERE status = 'in_flight' AND next_retry_at <= now()
@@ -330,7 +507,7 @@ UPDATE `+r.cfg.table.Quoted+` AS t
 SET claim = $3, next_retry_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
 FROM fit WHERE t.id = fit.id
 RETURNING t.id, t.message_id, t.exchange, t.routing_key, t.retried_count, t.properties, t.body, (SELECT count(*) FROM due)`,
-		r.cfg.batchSize, r.cfg.maxBatchBytes, token, lease.Milliseconds())
+		r.cfg.batchSize, budget, token, lease.Milliseconds())
 	if err != nil {
 		return nil, 0, pgsql.RedactErr(err)
 	}
@@ -353,54 +530,13 @@ RETURNING t.id, t.message_id, t.exchange, t.routing_key, t.retried_count, t.prop
 	return rows, found, nil
 }
 
-// publish sends the rows in id order, up to the concurrency limit awaiting
-// confirms at once, and waits for every publish to end. It starts none
-// once ctx has ended, nor one that could not end (WithPublishTimeout)
-// within the lease with a margin to record it; those rows stay
-// unattempted. A publish runs under grace, so one already sent when ctx
-// ends still gets its confirm, up to the shutdown timeout.
-func (r *Relay) publish(ctx, grace context.Context, rows []*claimed, leaseEnd time.Time) {
-	limit := r.cfg.concurrency
-	if limit == 0 {
-		limit = r.cfg.batchSize
-	}
-	sem := make(chan struct{}, limit)
-	ended := make(chan struct{}, len(rows))
-	started := 0
-	defer func() {
-		for range started {
-			<-ended // each publish ends by its timeout, or with grace
-		}
-	}()
-	for _, c := range rows {
-		if c.bad != nil {
-			continue
-		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			return // the rest stay unattempted
-		}
-		if ctx.Err() != nil || time.Until(leaseEnd) < r.cfg.publishTimeout+leaseMargin {
-			return
-		}
-		c.attempted = true
-		started++
-		go func() {
-			defer func() { ended <- struct{}{} }()
-			defer func() { <-sem }()
-			c.result = r.publishOne(grace, c)
-		}()
-	}
-}
-
-func (r *Relay) publishOne(ctx context.Context, c *claimed) (err error) {
+func (r *Relay) publishOne(ctx context.Context, c *claimed, timeout time.Duration) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("outbox relay: the publisher panicked: %v", v)
 		}
 	}()
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
+	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	// A row no queue takes is an error to retry and, past the limit, a
 	// failed row for a person: never a silent loss, whatever the
@@ -410,47 +546,47 @@ func (r *Relay) publishOne(ctx context.Context, c *claimed) (err error) {
 
 // outcome is what record writes to a row that was not sent: a failed try
 // (tries 1, with the reason, due again after delay or failed for good), or
-// the claim handed back (tries 0: due at once, nothing else changed).
+// the claim handed back (tries 0: due at once, nothing else changed). Claim
+// is the token the row must still carry.
 type outcome struct {
 	ID      int64   `json:"id"`
+	Claim   int64   `json:"claim"`
 	Tries   int     `json:"tries"`
 	Reason  *string `json:"reason"`
 	Status  Status  `json:"status"`
 	DelayMS int64   `json:"delay_ms"`
 }
 
-// record writes each claimed row's outcome, under this pass's token: the
-// confirmed rows sent, failed tries counted, the rest handed back. It
-// returns publisher.ErrClosed if the publisher was closed under the relay,
-// or a *brokerUnreachableError, after recording. A database that fails is
-// retried until the lease ends: the confirms are known, and losing them
-// would send the rows again.
-func (r *Relay) record(ctx, grace context.Context, rows []*claimed, token int64, leaseEnd time.Time) (halt error, err error) {
-	var sent []string
+// sentRow is a confirmed row, under the claim it was published with.
+type sentRow struct{ id, claim int64 }
+
+// record writes the outcome of each row, under the claim it was published
+// with: the confirmed rows sent, failed tries counted, the rest handed back.
+// A database that fails is retried until the earliest lease among them ends,
+// or keep does: the confirms are known, and losing them would send the rows
+// again.
+func (r *Relay) record(keep context.Context, rows []*claimed) {
+	var sent []sentRow
 	var outcomes []outcome
-	var closed error
-	var unreachable *brokerUnreachableError
-	release := func(c *claimed) { outcomes = append(outcomes, outcome{ID: c.id, Status: StatusInFlight}) }
+	leaseEnd := rows[0].leaseEnd
+	release := func(c *claimed) {
+		outcomes = append(outcomes, outcome{ID: c.id, Claim: c.token, Status: StatusInFlight})
+	}
 	for _, c := range rows {
+		if c.leaseEnd.Before(leaseEnd) {
+			leaseEnd = c.leaseEnd
+		}
 		switch {
 		case c.bad != nil:
 			outcomes = append(outcomes, r.failure(c, c.bad, true))
 		case !c.attempted:
 			release(c)
 		case c.result == nil:
-			sent = append(sent, strconv.FormatInt(c.id, 10))
-		case errors.Is(c.result, publisher.ErrClosed):
-			closed = c.result
-			release(c)
-		case ctx.Err() != nil && errors.Is(c.result, context.Canceled):
-			// The shutdown timeout cut the wait for the confirm: not the
+			sent = append(sent, sentRow{c.id, c.token})
+		case c.cut, errors.Is(c.result, publisher.ErrClosed), errors.Is(c.result, publisher.ErrNotConnected):
+			// The shutdown timeout cut the wait for the confirm, or the
+			// publisher was closed or without a connection: not the
 			// message's fault, so not a try.
-			release(c)
-		case errors.Is(c.result, publisher.ErrNotConnected):
-			if unreachable == nil {
-				unreachable = &brokerUnreachableError{cause: c.result}
-			}
-			unreachable.rows++
 			release(c)
 		default:
 			var refused *publisher.ChannelError
@@ -461,7 +597,7 @@ func (r *Relay) record(ctx, grace context.Context, rows []*claimed, token int64,
 	outages := 0
 	var outageStart time.Time
 	for {
-		err = r.write(grace, &sent, outcomes, token)
+		err := r.write(keep, &sent, outcomes)
 		if err == nil {
 			break
 		}
@@ -470,40 +606,48 @@ func (r *Relay) record(ctx, grace context.Context, rows []*claimed, token int64,
 		}
 		outages++
 		wait := backoff(outages, outageBackoffInitial, outageBackoffMax)
-		if grace.Err() != nil || time.Now().Add(wait).After(leaseEnd) {
+		if keep.Err() != nil || time.Now().Add(wait).After(leaseEnd) {
 			r.cfg.logger.Warn("outbox relay: cannot reach the outbox table to record published rows; they stay claimed until the lease ends, then are sent again (consumers deduplicate on MessageId)",
 				"table", r.cfg.table.Name, "rows", len(rows), "confirmed", len(sent), "error", pgsql.Redact(err.Error()))
-			return nil, err
+			return
 		}
 		r.cfg.logger.Warn("outbox relay: cannot reach the outbox table to record published rows; retrying within the lease",
 			"table", r.cfg.table.Name, "rows", len(rows), "error", pgsql.Redact(err.Error()), "retry_in", wait, "failures", outages)
-		if !sleep(grace, wait) {
-			return nil, err
+		if !sleep(keep, wait) {
+			return
 		}
 	}
 	if outages > 0 {
 		r.cfg.logger.Info("outbox relay: the outage is over; recorded the published rows and resumed", "table", r.cfg.table.Name, "after", since(outageStart), "failures", outages)
 	}
-	if closed != nil {
-		return closed, nil
-	}
-	if unreachable != nil {
-		return unreachable, nil
-	}
-	return nil, nil
 }
 
 // write runs record's statements, each alone (so in a short transaction of
 // its own), the confirmed rows first; once those are written it empties
 // *sent, so that a retry does not repeat them.
-func (r *Relay) write(grace context.Context, sent *[]string, outcomes []outcome, token int64) error {
-	ctx, cancel := context.WithTimeout(grace, dbTimeout)
+func (r *Relay) write(keep context.Context, sent *[]sentRow, outcomes []outcome) error {
+	ctx, cancel := context.WithTimeout(keep, dbTimeout)
 	defer cancel()
 	if len(*sent) > 0 {
-		// The ids go as one array literal, which every driver passes as text.
-		res, err := r.o.db.ExecContext(ctx, `UPDATE `+r.cfg.table.Quoted+`
+		// The ids and claims go as two array literals, which every driver
+		// passes as text.
+		var ids, claims strings.Builder
+		ids.WriteByte('{')
+		claims.WriteByte('{')
+		for i, s := range *sent {
+			if i > 0 {
+				ids.WriteByte(',')
+				claims.WriteByte(',')
+			}
+			ids.WriteString(strconv.FormatInt(s.id, 10))
+			claims.WriteString(strconv.FormatInt(s.claim, 10))
+		}
+		ids.WriteByte('}')
+		claims.WriteByte('}')
+		res, err := r.o.db.ExecContext(ctx, `UPDATE `+r.cfg.table.Quoted+` AS t
 		SET status = 'sent', sent_at = clock_timestamp(), next_retry_at = clock_timestamp(), last_error = NULL, claim = NULL
-		WHERE id = ANY($1::bigint[]) AND claim = $2 AND status = 'in_flight'`, "{"+strings.Join(*sent, ",")+"}", token)
+		FROM unnest($1::bigint[], $2::bigint[]) AS s(id, claim)
+		WHERE t.id = s.id AND t.claim = s.claim AND t.status = 'in_flight'`, ids.String(), claims.String())
 		if err != nil {
 			return pgsql.RedactErr(err)
 		}
@@ -523,8 +667,8 @@ func (r *Relay) write(grace context.Context, sent *[]string, outcomes []outcome,
 		_, err = r.o.db.ExecContext(ctx, `UPDATE `+r.cfg.table.Quoted+` AS t
 		SET retried_count = t.retried_count + o.tries, last_error = COALESCE(o.reason, t.last_error), status = o.status,
 		    next_retry_at = clock_timestamp() + o.delay_ms * interval '1 millisecond', claim = NULL
-		FROM jsonb_to_recordset($1::jsonb) AS o(id bigint, tries integer, reason text, status text, delay_ms bigint)
-		WHERE t.id = o.id AND t.claim = $2 AND t.status = 'in_flight'`, string(data), token)
+		FROM jsonb_to_recordset($1::jsonb) AS o(id bigint, claim bigint, tries integer, reason text, status text, delay_ms bigint)
+		WHERE t.id = o.id AND t.claim = o.claim AND t.status = 'in_flight'`, string(data))
 		if err != nil {
 			return pgsql.RedactErr(err)
 		}
@@ -550,7 +694,7 @@ func (r *Relay) failure(c *claimed, cause error, hopeless bool) outcome {
 	} else {
 		r.cfg.logger.Warn("outbox relay: publish failed; will try again", append(attrs, "retry_in", delay)...)
 	}
-	return outcome{ID: c.id, Tries: 1, Reason: &reason, Status: status, DelayMS: delay.Milliseconds()}
+	return outcome{ID: c.id, Claim: c.token, Tries: 1, Reason: &reason, Status: status, DelayMS: delay.Milliseconds()}
 }
 
 // maxLastError bounds the stored reason; the start says what happened.
@@ -607,6 +751,18 @@ func backoff(n int, initial, max time.Duration) time.Duration {
 		d *= 2
 	}
 	return min(d, max)
+}
+
+// sleepUnless waits d or until done is closed; false means done was closed.
+func sleepUnless(done <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-done:
+		return false
+	}
 }
 
 // sleep waits d or until ctx ends; false means ctx ended.

@@ -1,0 +1,217 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/faultproxy"
+	"github.com/amqpretry/amqpretry/outbox"
+	"github.com/amqpretry/amqpretry/outbox/internal/dbtest"
+	"github.com/amqpretry/amqpretry/publisher"
+)
+
+// held counts the in-flight rows a claim still holds: nobody may take them
+// until its lease ends.
+func held(t *testing.T, db *sql.DB, ob *outbox.Outbox) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM ` + ob.Table() + ` WHERE status = 'in_flight' AND (claim IS NOT NULL OR next_retry_at > now())`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Defect 1 of issue 35: a shutdown forgot the rows the broker had already
+// confirmed. Their outcomes were written only once every publish of the
+// batch had ended, under the context the shutdown timer cancels: nothing
+// was marked sent (so all of it was sent again after a restart), the rows
+// claimed but not published waited out the lease, and WithShutdownTimeout(0)
+// recorded nothing at all. Now each confirm is recorded as it arrives,
+// under a context that outlives the shutdown timeout, and every row not
+// confirmed is handed back, due at once.
+func TestShutdownRecordsConfirmsAndHandsBackTheRest(t *testing.T) {
+	for _, shutdown := range []time.Duration{500 * time.Millisecond, 0} {
+		t.Run("shutdown timeout "+shutdown.String(), func(t *testing.T) {
+			const rows, confirms = 25, 10
+			ob, db, _ := setup(t, outbox.WithWorkers(1), outbox.WithConcurrency(confirms), outbox.WithShutdownTimeout(shutdown))
+			q, _ := queue(t)
+			for i := range rows {
+				enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "m" + strconv.Itoa(i)})
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			// 1.5 s each way: a confirm comes 3 s after its publish, so the
+			// publishes the first confirms make room for are still
+			// unconfirmed when the shutdown timeout ends.
+			rec := &confirmRecorder{pub: slowPublisher(t, 1500*time.Millisecond), confirmed: map[string]int{}}
+			rec.hook = func(n int) {
+				if n == confirms {
+					cancel()
+				}
+			}
+			if err := ob.Relay(rec).Run(ctx); err != nil {
+				t.Fatal(err)
+			}
+			list, err := ob.List(context.Background(), outbox.ListOptions{Limit: rows})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent := 0
+			for _, r := range list {
+				switch confirmed := rec.wasConfirmed(r.MessageID); {
+				case r.Status == outbox.StatusSent && !confirmed:
+					t.Errorf("row %d is sent without a confirm", r.ID)
+				case r.Status != outbox.StatusSent && confirmed:
+					t.Errorf("row %d was confirmed but is %s: a restart sends it again", r.ID, r.Status)
+				case r.Status == outbox.StatusInFlight && r.RetriedCount != 0:
+					t.Errorf("row %d counts %d tries for a shutdown", r.ID, r.RetriedCount)
+				}
+				if r.Status == outbox.StatusSent {
+					sent++
+				}
+			}
+			if n := held(t, db, ob); n > 0 {
+				t.Errorf("%d rows not confirmed are still claimed after Run returned: they wait out the lease", n)
+			}
+			if sent < confirms {
+				t.Errorf("%d rows marked sent, want the %d the broker confirmed before the shutdown", sent, confirms)
+			}
+			t.Logf("%d rows confirmed and marked sent, %d handed back", sent, rows-sent)
+		})
+	}
+}
+
+// Defect 5 of issue 35: a relay stopped while its claim was under way
+// stranded the claimed rows for a whole lease (a minute by default): the
+// claim ran under the context that Run's caller cancels, so the statement
+// committed at the database while the relay gave up on its answer. The
+// database connection here is slow, so the claim has committed well before
+// the relay reads it; the test stops the relay in that window.
+func TestRelayStoppedDuringItsClaimHandsTheRowsBack(t *testing.T) {
+	const rows = 20
+	ob, db, schema := setup(t)
+	q, _ := queue(t)
+	for i := range rows {
+		enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "m" + strconv.Itoa(i)})
+	}
+	proxy, err := faultproxy.Start(dbtest.Addr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	slowDB := dbtest.Open(t, dbtest.WithHost(t, proxy.Addr(), ""))
+	if err := slowDB.Ping(); err != nil {
+		t.Fatal(err)
+	}
+	proxy.SetLatency(300 * time.Millisecond)
+	slowOutbox, err := outbox.New(slowDB, outbox.WithTable(schema+".outbox"), outbox.WithLogger(testLogger(t)), outbox.WithWorkers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var published atomic.Int32
+	pub := &hookPublisher{pub: newPublisher(t), before: func() { published.Add(1) }}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- slowOutbox.Relay(pub).Run(ctx) }()
+	eventually(t, 20*time.Second, "the relay's claim committed", func() bool {
+		var n int
+		_ = db.QueryRow(`SELECT count(*) FROM ` + ob.Table() + ` WHERE claim IS NOT NULL`).Scan(&n)
+		return n > 0
+	})
+	cancel() // the claim's answer is still on its way through the slow connection
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := held(t, db, ob); n > 0 {
+		t.Fatalf("%d of %d rows are held by the stopped relay's claim (%d published): no relay sends them until the lease ends", n, rows, published.Load())
+	}
+}
+
+// Defect 4 of issue 35: WithLease at its documented minimum (the publish
+// timeout plus a second) was accepted, yet no row was ever published: a
+// publish started only if the lease left exceeded the publish timeout plus
+// a second, which no claim that took any time could meet, so every row was
+// claimed again and again and never tried. A publish's timeout is now fitted
+// to the lease left.
+func TestLeaseAtItsMinimumPublishes(t *testing.T) {
+	const rows = 5
+	ob, db, _ := setup(t)
+	q, deliveries := queue(t)
+	for i := range rows {
+		enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "m" + strconv.Itoa(i)})
+	}
+	start(t, ob.Relay(newPublisher(t), outbox.WithPublishTimeout(2*time.Second), outbox.WithLease(3*time.Second)))
+	for range rows {
+		receive(t, deliveries, 20*time.Second)
+	}
+}
+
+// routePublisher sends the rows for one routing key through a publisher of
+// their own: a destination of their own.
+type routePublisher struct {
+	pub, stuck outbox.Publisher
+	stuckKey   string
+	stuckEnded atomic.Int32
+}
+
+func (p *routePublisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	if key != p.stuckKey {
+		return p.pub.Publish(ctx, exchange, key, msg)
+	}
+	defer p.stuckEnded.Add(1)
+	return p.stuck.Publish(ctx, exchange, key, msg)
+}
+
+// Defect 3 of issue 35: one destination that never confirms (a quorum
+// queue without its majority; here a connection that hangs) throttled the
+// whole relay: a pass recorded its outcomes, and claimed the next batch,
+// only after its slowest publish had timed out. Now outcomes are recorded
+// as they arrive and the relay keeps claiming while the stragglers wait, so
+// every healthy row is sent while the stuck ones still wait for their
+// confirms.
+func TestStuckDestinationCostsOnlyItsOwnRows(t *testing.T) {
+	const rows, every = 1000, 100
+	ob, db, _ := setup(t)
+	q, _ := queue(t)
+	stuckQ, _ := queue(t)
+	proxy, url := brokertest.Proxy(t)
+	stuck, err := publisher.New(url, publisher.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stuck.Close() })
+	proxy.Blackhole(true)
+	t.Cleanup(func() { proxy.Blackhole(false) }) // before the publisher closes and the relay stops
+	pub := &routePublisher{pub: newPublisher(t), stuck: stuck, stuckKey: stuckQ}
+	healthy := 0
+	for i := range rows {
+		key := q
+		if i%every == every/2 {
+			key = stuckQ
+		} else {
+			healthy++
+		}
+		enqueue(t, db, ob, "", key, amqp.Publishing{MessageId: "m" + strconv.Itoa(i)})
+	}
+	const publishTimeout = 30 * time.Second
+	began := time.Now()
+	start(t, ob.Relay(pub, outbox.WithPublishTimeout(publishTimeout), outbox.WithShutdownTimeout(500*time.Millisecond)))
+	eventually(t, publishTimeout, "every healthy row sent", func() bool {
+		if n := pub.stuckEnded.Load(); n > 0 {
+			t.Fatalf("a publish to the stuck destination ended (%d) before the healthy rows were all sent", n)
+		}
+		var sent int
+		_ = db.QueryRow(`SELECT count(*) FROM `+ob.Table()+` WHERE status = 'sent' AND routing_key = $1`, q).Scan(&sent)
+		return sent == healthy
+	})
+	t.Logf("%d healthy rows sent in %v, while %d rows wait for confirms that do not come", healthy, time.Since(began).Round(time.Millisecond), rows-healthy)
+}
