@@ -40,6 +40,10 @@ type Config struct {
 	DialTimeout time.Duration
 	// Name is the connection name the broker shows; "" sends none.
 	Name string
+	// Guard, when set, wraps the socket of an amqp:// connection under
+	// amqp091-go (framecheck.Guard); amqps:// connections are not wrapped,
+	// since amqp091-go does the TLS above the socket.
+	Guard func(net.Conn) net.Conn
 }
 
 // Redacted is the addresses with their passwords hidden, for logs and errors.
@@ -138,7 +142,7 @@ func dialAny(ctx context.Context, cfg Config, urls []string) (*Conn, error) {
 		_, err := amqpurl.Parse(url)
 		if err == nil {
 			var conn *Conn
-			if conn, err = dial(ctx, url, cfg.amqpConfig(), timeout); err == nil {
+			if conn, err = dial(ctx, url, cfg.amqpConfig(), timeout, cfg.Guard); err == nil {
 				conn.RedactedURL, conn.url = redacted, url
 				return conn, nil
 			}
@@ -228,7 +232,10 @@ func TLSRefused(err error) (url string, cause error) {
 // dial connects like amqp.DialConfig, with dialTimeout for the TCP connect
 // and the handshakes, and gives up as soon as ctx ends; config.Dial is
 // replaced.
-func dial(ctx context.Context, url string, config amqp.Config, dialTimeout time.Duration) (*Conn, error) {
+func dial(ctx context.Context, url string, config amqp.Config, dialTimeout time.Duration, guard func(net.Conn) net.Conn) (*Conn, error) {
+	if uri, err := amqpurl.Parse(url); err != nil || uri.Scheme == "amqps" {
+		guard = nil
+	}
 	c := &Conn{}
 	config.Dial = func(network, addr string) (net.Conn, error) {
 		d := net.Dialer{Timeout: dialTimeout}
@@ -245,6 +252,9 @@ func dial(ctx context.Context, url string, config amqp.Config, dialTimeout time.
 		c.mu.Lock()
 		c.raw = raw
 		c.mu.Unlock()
+		if guard != nil {
+			return guard(raw), nil
+		}
 		return raw, nil
 	}
 	// A context that ends during the handshake closes the socket under it.
