@@ -203,10 +203,11 @@ func startConsole(t *testing.T, dlq string, extra ...string) *console {
 func signedIn(t *testing.T, c *console) context.Context {
 	t.Helper()
 	ctx := browser(t)
-	run(t, ctx, chromedp.Navigate(c.login), chromedp.WaitVisible(`h1`, chromedp.ByQuery))
-	brokertest.Eventually(t, 10*time.Second, "the overview after signing in", func() bool {
-		return strings.HasPrefix(textNow(ctx, "h1"), "Dead letters")
-	})
+	run(t, ctx, chromedp.Navigate(c.login))
+	// The signed-in page moves on by itself (a meta refresh): wait for the
+	// overview's document, loaded.
+	waitFor(t, ctx, "the overview after signing in",
+		`document.readyState === "complete" && location.pathname === "/" && ((document.querySelector("h1") || {}).textContent || "").startsWith("Dead letters")`)
 	return ctx
 }
 
@@ -218,6 +219,39 @@ func run(t *testing.T, ctx context.Context, actions ...chromedp.Action) {
 	if err := chromedp.Run(ctx, actions...); err != nil {
 		t.Fatalf("browser: %v", err)
 	}
+}
+
+// leftMark marks a document follow has left: the next one does not carry
+// it.
+const leftMark = `document.documentElement.dataset.amqpretryLeft`
+
+// follow runs actions that leave the page (a click on a link or on a
+// form's button) and waits until the next page has loaded and sel matches
+// in it. Nothing looks into a document while the browser replaces it: a
+// query that did (chromedp.WaitVisible right after a click) could hold a
+// node of the old document and fail with "No node with given id found".
+func follow(t *testing.T, ctx context.Context, sel string, actions ...chromedp.Action) {
+	t.Helper()
+	// The page acted on has loaded: a click lands on it, not on the one
+	// before.
+	waitFor(t, ctx, "the page before the click", `document.readyState === "complete"`)
+	run(t, ctx, chromedp.Evaluate(leftMark+` = "1"`, nil))
+	run(t, ctx, actions...)
+	waitFor(t, ctx, "the next page, with "+sel, fmt.Sprintf(
+		`document.readyState === "complete" && %s === undefined && document.querySelector(%q) !== null`, leftMark, sel))
+}
+
+// waitFor waits until the JavaScript expression cond is true in the
+// current page, asking again while the browser is between two documents
+// (an evaluation then fails, and is not an answer).
+func waitFor(t *testing.T, ctx context.Context, what, cond string) {
+	t.Helper()
+	brokertest.Eventually(t, 20*time.Second, what, func() bool {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		var ok bool
+		return chromedp.Run(ctx, chromedp.Evaluate(`!!(`+cond+`)`, &ok)) == nil && ok
+	})
 }
 
 // textNow is the text of the first element sel matches, "" if none or the
@@ -233,11 +267,12 @@ func textNow(ctx context.Context, sel string) string {
 	return s
 }
 
+// text is the visible text of the first element sel matches, once the page
+// has loaded and has one.
 func text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
-	var s string
-	run(t, ctx, chromedp.Text(sel, &s, chromedp.ByQuery))
-	return s
+	waitFor(t, ctx, sel+" on a loaded page", fmt.Sprintf(`document.readyState === "complete" && document.querySelector(%q) !== null`, sel))
+	return eval[string](t, ctx, fmt.Sprintf(`document.querySelector(%q).innerText`, sel))
 }
 
 func eval[T any](t *testing.T, ctx context.Context, js string) T {
@@ -316,9 +351,18 @@ func TestBrowserGroupsAndReplay(t *testing.T) {
 	shot(t, ctx, "overview")
 
 	a.fixed.Store(true) // the deploy that fixes the customer lookup
-	run(t, ctx, groupLink("customer"), chromedp.WaitVisible(`#replay-group`, chromedp.ByQuery))
+	follow(t, ctx, `#replay-group`, groupLink("customer"))
 	shot(t, ctx, "group")
-	run(t, ctx, chromedp.Click(`#replay-group`, chromedp.ByQuery), chromedp.WaitVisible(`#summary`, chromedp.ByQuery))
+	// "Replay all 5" asks first, with the count.
+	follow(t, ctx, `#confirm-replay`, chromedp.Click(`#replay-group`, chromedp.ByQuery))
+	if h := text(t, ctx, "h1"); h != "Replay 5 messages from "+topo.DLQ()+"?" {
+		t.Errorf("the confirmation asks %q", h)
+	}
+	shot(t, ctx, "confirm-replay")
+	if d := brokertest.Depth(t, topo.DLQ()); d != 10 {
+		t.Fatalf("the DLQ holds %d while the replay is unconfirmed", d)
+	}
+	follow(t, ctx, `#summary`, chromedp.Click(`#confirm-replay`, chromedp.ByQuery))
 	if s := text(t, ctx, "#summary"); !strings.Contains(s, "replayed 5, 0 left on "+topo.DLQ()) {
 		t.Fatalf("the result says %q", s)
 	}
@@ -336,7 +380,7 @@ func TestBrowserGroupsAndReplay(t *testing.T) {
 		t.Errorf("audit log (%v):\n%s", err, audit)
 	}
 	// Back on the overview, two groups are left.
-	run(t, ctx, chromedp.Click(`#back`, chromedp.ByQuery), chromedp.WaitVisible(`table.groups`, chromedp.ByQuery))
+	follow(t, ctx, `table.groups`, chromedp.Click(`#back`, chromedp.ByQuery))
 	if got := groups(t, ctx); len(got) != 2 {
 		t.Errorf("after the replay the overview shows %v", got)
 	}
@@ -350,8 +394,8 @@ func TestBrowserDeleteAndPurgeAskFirst(t *testing.T) {
 	c := startConsole(t, topo.DLQ())
 	ctx := signedIn(t, c)
 
-	run(t, ctx, groupLink("tax"), chromedp.WaitVisible(`#delete-group`, chromedp.ByQuery),
-		chromedp.Click(`#delete-group`, chromedp.ByQuery), chromedp.WaitVisible(`#confirm-delete`, chromedp.ByQuery))
+	follow(t, ctx, `#delete-group`, groupLink("tax"))
+	follow(t, ctx, `#confirm-delete`, chromedp.Click(`#delete-group`, chromedp.ByQuery))
 	if h := text(t, ctx, "h1"); h != "Delete 3 messages from "+topo.DLQ()+"?" {
 		t.Errorf("the confirmation asks %q", h)
 	}
@@ -359,13 +403,13 @@ func TestBrowserDeleteAndPurgeAskFirst(t *testing.T) {
 	if d := brokertest.Depth(t, topo.DLQ()); d != 10 {
 		t.Fatalf("the DLQ holds %d while the delete is unconfirmed", d)
 	}
-	run(t, ctx, chromedp.Click(`#cancel`, chromedp.ByQuery), chromedp.WaitVisible(`table.groups`, chromedp.ByQuery))
+	follow(t, ctx, `table.groups`, chromedp.Click(`#cancel`, chromedp.ByQuery))
 	if d := brokertest.Depth(t, topo.DLQ()); d != 10 {
 		t.Fatalf("the DLQ holds %d after cancelling", d)
 	}
-	run(t, ctx, groupLink("tax"), chromedp.WaitVisible(`#delete-group`, chromedp.ByQuery),
-		chromedp.Click(`#delete-group`, chromedp.ByQuery), chromedp.WaitVisible(`#confirm-delete`, chromedp.ByQuery),
-		chromedp.Click(`#confirm-delete`, chromedp.ByQuery), chromedp.WaitVisible(`#summary`, chromedp.ByQuery))
+	follow(t, ctx, `#delete-group`, groupLink("tax"))
+	follow(t, ctx, `#confirm-delete`, chromedp.Click(`#delete-group`, chromedp.ByQuery))
+	follow(t, ctx, `#summary`, chromedp.Click(`#confirm-delete`, chromedp.ByQuery))
 	if s := text(t, ctx, "#summary"); !strings.Contains(s, "deleted 3, 0 left") {
 		t.Errorf("the result says %q", s)
 	}
@@ -375,13 +419,14 @@ func TestBrowserDeleteAndPurgeAskFirst(t *testing.T) {
 
 	// Purge: the name typed wrong, then right.
 	purge := func(typed string) {
-		run(t, ctx, chromedp.Navigate(c.base), chromedp.WaitVisible(`details.danger summary`, chromedp.ByQuery),
-			chromedp.Click(`details.danger summary`, chromedp.ByQuery), chromedp.WaitVisible(`form.purge input[name=name]`, chromedp.ByQuery),
+		run(t, ctx, chromedp.Navigate(c.base))
+		waitFor(t, ctx, "the overview", `document.readyState === "complete" && document.querySelector("details.danger summary") !== null`)
+		run(t, ctx, chromedp.Click(`details.danger summary`, chromedp.ByQuery), chromedp.WaitVisible(`form.purge input[name=name]`, chromedp.ByQuery),
 			chromedp.SendKeys(`form.purge input[name=name]`, typed, chromedp.ByQuery))
 		if typed == topo.DLQ() {
 			shot(t, ctx, "purge")
 		}
-		run(t, ctx, chromedp.Click(`form.purge button`, chromedp.ByQuery), chromedp.WaitVisible(`h1`, chromedp.ByQuery))
+		follow(t, ctx, `h1`, chromedp.Click(`form.purge button`, chromedp.ByQuery))
 	}
 	purge(topo.Queue)
 	if p := text(t, ctx, "#problem"); !strings.Contains(p, "Nothing was purged") {
@@ -422,12 +467,12 @@ func readOnly(t *testing.T, topo dlx.Topology) {
 		t.Errorf("badge %q", b)
 	}
 	shot(t, ctx, "read-only")
-	run(t, ctx, groupLink("customer"), chromedp.WaitVisible(`table.messages`, chromedp.ByQuery))
+	follow(t, ctx, `table.messages`, groupLink("customer"))
 	if n := eval[int](t, ctx, actions); n != 0 {
 		t.Errorf("the read-only group page shows %d actions", n)
 	}
 	group := eval[string](t, ctx, `new URLSearchParams(location.search).get("g")`)
-	run(t, ctx, chromedp.Click(`table.messages a`, chromedp.ByQuery), chromedp.WaitVisible(`#body`, chromedp.ByQuery))
+	follow(t, ctx, `#body`, chromedp.Click(`table.messages a`, chromedp.ByQuery))
 	if n := eval[int](t, ctx, actions); n != 0 {
 		t.Errorf("the read-only message page shows %d actions", n)
 	}
@@ -469,7 +514,7 @@ func refusals(t *testing.T, topo dlx.Topology) {
 
 	ctx := signedIn(t, c)
 	csrf := eval[string](t, ctx, `document.querySelector("input[name=csrf]").value`)
-	run(t, ctx, groupLink("customer"), chromedp.WaitVisible(`#replay-group`, chromedp.ByQuery))
+	follow(t, ctx, `#replay-group`, groupLink("customer"))
 	group := eval[string](t, ctx, `new URLSearchParams(location.search).get("g")`)
 	// The attacker's page knows even the CSRF token: the origin checks
 	// alone stop it.
@@ -484,7 +529,8 @@ func refusals(t *testing.T, topo dlx.Topology) {
 		{attacker.URL, "403"}, // same site (127.0.0.1), another port: the cookie goes along
 		{"http://" + otherSite + ":" + port + "/", "Sign in"}, // another site: no cookie at all
 	} {
-		run(t, ctx, chromedp.Navigate(tc.page), chromedp.WaitVisible(`#go`, chromedp.ByQuery), chromedp.Click(`#go`, chromedp.ByQuery))
+		run(t, ctx, chromedp.Navigate(tc.page))
+		follow(t, ctx, `h1`, chromedp.Click(`#go`, chromedp.ByQuery))
 		brokertest.Eventually(t, 10*time.Second, "the console's answer to "+tc.page, func() bool {
 			return strings.HasPrefix(textNow(ctx, "h1"), tc.want)
 		})
@@ -505,8 +551,7 @@ func refusals(t *testing.T, topo dlx.Topology) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var body string
-	run(t, ctx, chromedp.Text("body", &body, chromedp.ByQuery))
+	body := text(t, ctx, "body")
 	if resp.Status != http.StatusMisdirectedRequest || strings.Contains(body, topo.DLQ()) {
 		t.Errorf("Host %s: %d\n%s", rebindHost, resp.Status, body)
 	}
@@ -533,9 +578,9 @@ func hostileTextInert(t *testing.T, topo dlx.Topology) {
 		}
 	}
 	check("overview", "Dead letters · amqpretry console")
-	run(t, ctx, groupLink("bad field"), chromedp.WaitVisible(`table.messages`, chromedp.ByQuery))
+	follow(t, ctx, `table.messages`, groupLink("bad field"))
 	check("group", "Group · amqpretry console")
-	run(t, ctx, chromedp.Click(`table.messages a`, chromedp.ByQuery), chromedp.WaitVisible(`#exception`, chromedp.ByQuery))
+	follow(t, ctx, `#exception`, chromedp.Click(`table.messages a`, chromedp.ByQuery))
 	check("message", "Message · amqpretry console")
 	exc := text(t, ctx, "#exception")
 	if !strings.Contains(exc, `<script>window.pwned=1</script><img src=x onerror="window.pwned=2"> \u202egnp.exe item`) || strings.Contains(exc, "\u202e") {
