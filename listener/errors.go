@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqpretry/amqpretry/internal/amqpconn"
 )
 
 var (
@@ -24,7 +26,30 @@ var (
 	// can heal (a precondition, permissions, a queue locked by another
 	// connection), so Run ends. See ConsumeRefusedError.
 	ErrConsumeRefused = errors.New("listener: the broker refused to consume")
+
+	// ErrLoginRefused: the broker refused the login, so Run ends: a wrong
+	// user name or password (403 ACCESS_REFUSED), or a user without
+	// permission on the virtual host, or a virtual host that does not exist
+	// (530 NOT_ALLOWED). A connection limit reached (530 too) is not a
+	// refused login: it is redialled. See LoginRefusedError.
+	ErrLoginRefused = errors.New("listener: the broker refused the login")
 )
+
+// LoginRefusedError ends Run (a Listener's or a Group's) when the broker
+// refuses the login in a way no redial can change. It matches
+// ErrLoginRefused and unwraps to the broker's *amqp.Error (403 or 530).
+type LoginRefusedError struct {
+	Who string // "listener" or "listener group"
+	URL string // the address that refused, password hidden
+	Err *amqp.Error
+}
+
+func (e *LoginRefusedError) Error() string {
+	return fmt.Sprintf("%s: the broker at %s refused the login (%d %s): %s", e.Who, e.URL, e.Err.Code, e.Err.Reason, amqpconn.LoginFix(e.URL, e.Err))
+}
+
+func (e *LoginRefusedError) Unwrap() error        { return e.Err }
+func (e *LoginRefusedError) Is(target error) bool { return target == ErrLoginRefused }
 
 // ConsumeRefusedError ends Run when the broker refuses to let the listener
 // consume: 406 PRECONDITION_FAILED (a consumer argument the queue's type does

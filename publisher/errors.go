@@ -31,6 +31,13 @@ var (
 	// caller that counts tries per message (the outbox relay) can leave
 	// this one uncounted.
 	ErrNotConnected = errors.New("publisher: not connected")
+
+	// ErrLoginRefused: New could not connect because the broker refused the
+	// login: a wrong user name or password (403 ACCESS_REFUSED), a user
+	// without permission on the virtual host or a virtual host that does not
+	// exist (530 NOT_ALLOWED). The error unwraps to the broker's
+	// *amqp.Error. A connection limit reached (530 too) does not match it.
+	ErrLoginRefused = errors.New("publisher: the broker refused the login")
 )
 
 // UnroutableError is the error for a returned message; it matches

@@ -121,6 +121,9 @@ func New(url string, opts ...Option) (*Publisher, error) {
 	conn, err := p.dial()
 	if err != nil {
 		p.cancel()
+		if url, refusal := amqpconn.LoginRefused(err); refusal != nil {
+			return nil, fmt.Errorf("publisher: cannot connect to %s: %w (%w): %s", url, ErrLoginRefused, refusal, amqpconn.LoginFix(url, refusal))
+		}
 		return nil, fmt.Errorf("publisher: cannot connect to %w", err) // err names each address
 	}
 	died := make(chan *confirmChannel, cfg.channels+1)

@@ -193,18 +193,57 @@ func (e *DialError) Unwrap() []error { return e.Errs }
 
 // LoginRefused returns the address whose broker refused the login in an
 // error from Dial, and the broker's answer; refusal is nil if none did.
-// Redialing with the same credentials cannot fix a refused login.
+// Redialing with the same credentials cannot fix a refused login: a wrong
+// user name or password (403), a user without permission on the virtual
+// host or a virtual host that does not exist (530). A connection limit
+// reached is a 530 too, but not a refused login: it heals when
+// connections close.
 func LoginRefused(err error) (url string, refusal *amqp.Error) {
 	var failed *DialError
 	if !errors.As(err, &failed) {
 		return "", nil
 	}
 	for i, cause := range failed.Errs {
-		if errors.As(cause, &refusal) && refusal.Code == amqp.AccessRefused {
-			return failed.URLs[i], refusal
+		var aerr *amqp.Error
+		if errors.As(cause, &aerr) && loginRefusal(aerr) {
+			return failed.URLs[i], aerr
 		}
 	}
 	return "", nil
+}
+
+// loginRefusal tells the broker's answers to a login that only a change of
+// credentials, permissions or virtual hosts can heal. RabbitMQ answers
+// connection.open with 530 NOT_ALLOWED and "access to vhost 'v' refused for
+// user 'u'" (no permission), "vhost v not found", or, to be retried, "...:
+// connection limit (n) is reached" or "...: user connection limit (n) is
+// reached". An unknown 530 is retried.
+func loginRefusal(aerr *amqp.Error) bool {
+	switch {
+	case aerr.Code == amqp.AccessRefused:
+		return true
+	case aerr.Code != amqp.NotAllowed, strings.Contains(aerr.Reason, "limit"):
+		return false
+	}
+	return strings.HasSuffix(aerr.Reason, "not found") && strings.Contains(aerr.Reason, "vhost") ||
+		strings.Contains(aerr.Reason, "access to vhost") && strings.Contains(aerr.Reason, "refused for user")
+}
+
+// LoginFix says what to change after the broker at url (as LoginRefused
+// returns it) refused a login with refusal.
+func LoginFix(url string, refusal *amqp.Error) string {
+	vhost, user := "<vhost>", "<user>"
+	if uri, err := amqpurl.Parse(url); err == nil {
+		vhost, user = uri.Vhost, uri.Username
+	}
+	switch {
+	case refusal.Code == amqp.NotAllowed && strings.HasSuffix(refusal.Reason, "not found"):
+		return fmt.Sprintf("the virtual host %q does not exist: create it (rabbitmqctl add_vhost %s) or correct the URL's path", vhost, vhost)
+	case refusal.Code == amqp.NotAllowed:
+		return fmt.Sprintf("the user %q has no permission on the virtual host %q: grant it "+
+			"(rabbitmqctl set_permissions -p %s %s <configure> <write> <read>) or correct the URL", user, vhost, vhost, user)
+	}
+	return "check the user name and password in the URL; redialing with the same ones cannot succeed"
 }
 
 // TLSRefused returns the address whose certificate failed verification in

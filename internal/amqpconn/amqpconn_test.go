@@ -164,6 +164,30 @@ func TestLoginRefusedNamesTheURL(t *testing.T) {
 	}
 }
 
+// The broker's answers to connection.open, as RabbitMQ 3.10 to 4.3 word
+// them: the permission and virtual host refusals are refused logins, the
+// connection limits (530 as well) are not.
+func TestLoginRefusedTellsTheConnectionLimits(t *testing.T) {
+	for _, tt := range []struct {
+		code    int
+		reason  string
+		refused bool
+	}{
+		{amqp.AccessRefused, "username or password not allowed", true},
+		{amqp.NotAllowed, "NOT_ALLOWED - access to vhost 'v' refused for user 'u'", true},
+		{amqp.NotAllowed, "NOT_ALLOWED - vhost v not found", true},
+		{amqp.NotAllowed, "NOT_ALLOWED - access to vhost 'v' refused for user 'u': connection limit (0) is reached", false},
+		{amqp.NotAllowed, "NOT_ALLOWED - Connection refused for user 'u': user connection limit (3) is reached", false},
+		{amqp.NotAllowed, "NOT_ALLOWED - something new", false},
+		{amqp.InternalError, "INTERNAL_ERROR - access to vhost 'v' refused for user 'u': vhost 'v' is down", false},
+	} {
+		err := &amqpconn.DialError{URLs: []string{"amqp://u:xxxxx@h/v"}, Errs: []error{&amqp.Error{Code: tt.code, Reason: tt.reason, Server: true}}}
+		if _, refusal := amqpconn.LoginRefused(err); (refusal != nil) != tt.refused {
+			t.Errorf("LoginRefused(%d %s) = %v, want refused %v", tt.code, tt.reason, refusal, tt.refused)
+		}
+	}
+}
+
 // What the Config says reaches amqp091 (its Config holds what was negotiated).
 func TestDialSettings(t *testing.T) {
 	brokertest.Dial(t)
