@@ -2,6 +2,7 @@ package dlx_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"testing"
@@ -13,6 +14,8 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqphdr"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/internal/framecheck"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
 )
 
 // guardedChannel is a channel on a connection whose socket framecheck
@@ -87,5 +90,72 @@ func TestReplayExplainsAnUnreadableDeadLetter(t *testing.T) {
 	}
 	if n := brokertest.Depth(t, dlq); n != 1 {
 		t.Errorf("DLQ holds %d, want the message back", n)
+	}
+}
+
+// A message published with a CC header (amqplib's CC: [audit]) reaches the
+// audit queue once. The tiers and Replay republish it through the default
+// exchange, where the broker would follow the CC again and hand the audit
+// queue a copy per hop (issue 41, item 7): they drop CC and BCC, as
+// RabbitMQ's own dead-lettering does, and keep CC under original-cc.
+func TestCCIsNotFollowedOnEveryHop(t *testing.T) {
+	topo := topology(t, dlx.Topology{RetryDelays: []time.Duration{time.Minute}})
+	declare(t, topo)
+	ex, audit := brokertest.Name(t, "orders"), brokertest.Name(t, "audit")
+	brokertest.Exchange(t, ex, "direct")
+	brokertest.Queue(t, audit, nil)
+	brokertest.Bind(t, topo.Queue, ex, "order.created")
+	brokertest.Bind(t, audit, ex, audit)
+	pubCh := brokertest.Channel(t, brokertest.Dial(t))
+	if err := pubCh.Publish(ex, "order.created", true, false, amqp.Publishing{MessageId: "m",
+		Headers: amqp.Table{"CC": []any{audit}, "BCC": []any{audit}, "tenant": "acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	brokertest.Eventually(t, 5*time.Second, "the message on the work queue", func() bool { return brokertest.Depth(t, topo.Queue) == 1 })
+	if n := brokertest.Depth(t, audit); n != 1 {
+		t.Fatalf("audit holds %d after the publish, want 1 (CC and BCC name the same queue)", n)
+	}
+	pub := newPublisher(t)
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	ctx := chainrun.WithQueue(context.Background(), topo.Queue)
+	hop := func(from string, r middleware.Recoverer) amqp.Delivery {
+		t.Helper()
+		d, ok, err := ch.Get(from, false)
+		if err != nil || !ok {
+			t.Fatalf("get from %s: %v %v", from, ok, err)
+		}
+		if err := r.Recover(ctx, &d, errors.New("boom")); err != nil {
+			t.Fatal(err)
+		}
+		_ = d.Ack(false)
+		return d
+	}
+	hop(topo.Queue, topo.Tiers(pub))                                      // to the 1m tier
+	hop(topo.RetryQueue(time.Minute), topo.Tiers(pub, dlx.MaxRetries(0))) // to the DLQ
+	if n := brokertest.Depth(t, audit); n != 1 {
+		t.Errorf("audit holds %d after a tier hop and a dead-lettering, want 1", n)
+	}
+	d, ok, err := ch.Get(topo.DLQ(), false)
+	if err != nil || !ok {
+		t.Fatalf("get from the DLQ: %v %v", ok, err)
+	}
+	if _, has := d.Headers["CC"]; has || d.Headers["BCC"] != nil {
+		t.Errorf("the dead letter carries CC or BCC: %v", d.Headers)
+	}
+	if cc, _ := d.Headers["x-amqpretry-original-cc"].([]any); len(cc) != 1 || cc[0] != audit {
+		t.Errorf("x-amqpretry-original-cc = %#v, want [%s]", d.Headers["x-amqpretry-original-cc"], audit)
+	}
+	_ = d.Nack(false, true)
+
+	stats, err := dlx.Replay(context.Background(), brokertest.Channel(t, brokertest.Dial(t)), pub, topo.DLQ())
+	if err != nil || stats.Replayed != 1 {
+		t.Fatalf("replay: %+v, %v", stats, err)
+	}
+	if n := brokertest.Depth(t, audit); n != 1 {
+		t.Errorf("audit holds %d after the replay, want 1", n)
+	}
+	back := drain(t, topo.Queue)
+	if len(back) != 1 || back[0].Headers["tenant"] != "acme" || back[0].Headers["CC"] != nil || back[0].Headers["x-amqpretry-original-cc"] != nil {
+		t.Errorf("replayed: %d messages, headers %v", len(back), back[0].Headers)
 	}
 }

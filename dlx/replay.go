@@ -267,7 +267,7 @@ func isFaultOrRetryHeader(k, prefix string) bool {
 		RetryCountHeader:
 		return true
 	}
-	if amqphdr.IsBrokerOwned(k) {
+	if amqphdr.IsBrokerOwned(k) || amqphdr.IsSenderRouting(k) { // the broker would route a copy to CC again
 		return true
 	}
 	if prefix != "" {
@@ -276,7 +276,7 @@ func isFaultOrRetryHeader(k, prefix string) bool {
 	// No prefix: our headers are the bare suffixes.
 	switch k {
 	case recoverer.SuffixOriginalQueue, recoverer.SuffixErrorType, recoverer.SuffixAttempts, recoverer.SuffixFailedAt,
-		recoverer.SuffixHost, recoverer.SuffixOriginalExpiration, recoverer.SuffixOriginalUserID:
+		recoverer.SuffixHost, recoverer.SuffixOriginalExpiration, recoverer.SuffixOriginalUserID, recoverer.SuffixOriginalCC:
 		return true
 	}
 	return false

@@ -41,6 +41,10 @@ const (
 	SuffixHost               = "host"
 	SuffixOriginalExpiration = "original-expiration"
 	SuffixOriginalUserID     = "original-user-id"
+	// SuffixOriginalCC keeps the CC header of a message published with
+	// one: the copy leaves CC and BCC out, since the broker would route it
+	// to them again (RabbitMQ's own dead-lettering drops them too).
+	SuffixOriginalCC = "original-cc"
 	// SuffixRetryRule names the rule of middleware.Retry that applied to
 	// the last failure (middleware.RuleApplied): a middleware.ErrorClass's
 	// name, or "default"; written only when the Retry has rules.
@@ -68,7 +72,7 @@ type Republisher struct {
 
 // faultKeys are the names of our fault headers, the prefix joined once.
 type faultKeys struct {
-	originalQueue, errorType, attempts, retryRule, failedAt, host, originalExpiration, originalUserID, droppedHeaders string
+	originalQueue, errorType, attempts, retryRule, failedAt, host, originalExpiration, originalUserID, originalCC, droppedHeaders string
 }
 
 func newFaultKeys(prefix string) faultKeys {
@@ -81,6 +85,7 @@ func newFaultKeys(prefix string) faultKeys {
 		host:               prefix + SuffixHost,
 		originalExpiration: prefix + SuffixOriginalExpiration,
 		originalUserID:     prefix + SuffixOriginalUserID,
+		originalCC:         prefix + SuffixOriginalCC,
 		droppedHeaders:     prefix + SuffixDroppedHeaders,
 	}
 }
@@ -190,9 +195,12 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	}
 	headers := make(amqp.Table, len(d.Headers)+12)
 	for k, v := range d.Headers {
-		if !amqphdr.IsBrokerOwned(k) { // set by RabbitMQ: a copy must not carry them
+		if !amqphdr.IsBrokerOwned(k) && !amqphdr.IsSenderRouting(k) { // set by RabbitMQ; routed by it again on every hop
 			headers[k] = v
 		}
+	}
+	if cc, ok := d.Headers[amqphdr.CC]; ok {
+		headers[r.keys.originalCC] = cc
 	}
 	// A message that failed before carries the old fault text; it is replaced,
 	// and must not be counted against the budget twice.
@@ -286,7 +294,7 @@ const faultTextFloor = 1024
 func (r *Republisher) ownKeys() map[string]bool {
 	k := &r.keys
 	return map[string]bool{HeaderOriginalExchange: true, HeaderOriginalRoutingKey: true, k.originalQueue: true, k.errorType: true,
-		k.attempts: true, k.retryRule: true, k.failedAt: true, k.host: true, k.originalExpiration: true, k.originalUserID: true}
+		k.attempts: true, k.retryRule: true, k.failedAt: true, k.host: true, k.originalExpiration: true, k.originalUserID: true, k.originalCC: true}
 }
 
 // dropToFit drops headers, the largest first and ours last, until the table

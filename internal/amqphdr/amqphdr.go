@@ -139,3 +139,16 @@ func OriginalDestination(d *amqp.Delivery) (exchange, key string) {
 // broker still holds the message with its own headers: hand it back, never
 // republish this copy.
 const UnreadableHeaders = "x-amqpretry-unreadable-headers"
+
+// CC and BCC are RabbitMQ's sender-selected distribution headers: routing
+// keys, besides the publish's own, that the broker routes a message to when
+// it is published. A copy republished with them would be routed to them
+// again on every hop, so copies leave them out, as RabbitMQ's own
+// dead-lettering does.
+const (
+	CC  = "CC"
+	BCC = "BCC"
+)
+
+// IsSenderRouting reports whether the header is CC or BCC.
+func IsSenderRouting(name string) bool { return name == CC || name == BCC }
