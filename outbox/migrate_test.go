@@ -90,3 +90,61 @@ func TestMigrateBringsATableOfAnEarlierVersionUpToDate(t *testing.T) {
 		receive(t, deliveries, 10*time.Second)
 	}
 }
+
+// Defect 2 of issue 35: Migrate on an up-to-date table queued every writer
+// behind the longest open transaction. CREATE INDEX IF NOT EXISTS takes the
+// table's SHARE lock even when the index exists, and waited for it with no
+// lock_timeout: a business transaction open when a relay started (the docs
+// run Migrate at every start) made every other Enqueue wait until it ended.
+// Migrate now skips what exists and bounds every lock it takes.
+func TestMigrateOfAnUpToDateTableQueuesNoWriter(t *testing.T) {
+	ob, db, _ := setup(t)
+	ctx := context.Background()
+	// A business transaction, open: it holds the table's ROW EXCLUSIVE lock.
+	open, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = open.Rollback() }()
+	if _, err := ob.Enqueue(ctx, open, "", "q", amqp.Publishing{}); err != nil {
+		t.Fatal(err)
+	}
+
+	migrated := make(chan error, 1)
+	go func() { migrated <- ob.Migrate(ctx) }()
+	var migrateErr error
+	done := false
+	eventually(t, 10*time.Second, "Migrate returned or waits for a lock on the table", func() bool {
+		select {
+		case migrateErr = <-migrated:
+			done = true
+			return true
+		default:
+		}
+		var waiting int
+		_ = db.QueryRow(`SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted`, ob.Table()).Scan(&waiting)
+		return waiting > 0
+	})
+
+	// Another business transaction writes while the first is still open.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	tx, err := db.BeginTx(wctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ob.Enqueue(wctx, tx, "", "q", amqp.Publishing{}); err != nil {
+		_ = tx.Rollback()
+		t.Fatalf("an Enqueue waited behind Migrate, which waited behind an open transaction: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	_ = open.Rollback()
+	if !done {
+		migrateErr = <-migrated
+	}
+	if migrateErr != nil {
+		t.Fatalf("Migrate of an up-to-date table: %v", migrateErr)
+	}
+}

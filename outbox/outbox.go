@@ -125,7 +125,10 @@ func (o *Outbox) Schema() string { return strings.Join(o.ddl(), ";\n\n") + ";\n"
 // relays of earlier versions still running work on, since they never read
 // it.
 //
-// Adding the column takes the table's ACCESS EXCLUSIVE lock for an instant,
+// On a table that is up to date Migrate takes no lock on it, so running it
+// at every start is safe while transactions write to it. Every lock it must
+// take is waited for 5s at most. Adding the column takes the table's ACCESS
+// EXCLUSIVE lock for an instant,
 // and waits for transactions that use the table, such as an earlier
 // relay's pass; after 5s of waiting it gives up with an error rather than
 // hold every Enqueue queued behind it, and Migrate can be run again.

@@ -166,7 +166,10 @@ func (ib *Inbox) Schema() string {
 	return s[:len(s)-1]
 }
 
-// Migrate creates the table and its index if they do not exist.
+// Migrate creates the table and its index if they do not exist. On a table
+// that is up to date it takes no lock on it, so running it at every start is
+// safe while handlers run; a lock it must take (to create a missing index)
+// is waited for 5s at most, then Migrate fails and can be run again.
 func (ib *Inbox) Migrate(ctx context.Context) error {
 	return pgsql.Migrate(ctx, ib.db, ib.table, ib.ddl())
 }

@@ -94,6 +94,29 @@ func UndefinedTable(err error) bool {
 	return errors.As(err, &coded) && coded.SQLState() == "42P01"
 }
 
+// MigrateLockTimeout bounds each lock Migrate waits for.
+const MigrateLockTimeout = "5s"
+
+// indexCreated returns the (quoted) name of the index stmt creates, if it
+// is a CREATE INDEX IF NOT EXISTS.
+func indexCreated(stmt string) (string, bool) {
+	rest, ok := strings.CutPrefix(stmt, "CREATE INDEX IF NOT EXISTS ")
+	if !ok {
+		return "", false
+	}
+	name, _, ok := strings.Cut(rest, " ")
+	return name, ok
+}
+
+// qualify puts an index name in the table's schema, where PostgreSQL puts
+// the table's indexes.
+func (t Table) qualify(index string) string {
+	if schema, _, ok := strings.Cut(t.Quoted, "."); ok {
+		return schema + "." + index
+	}
+	return index
+}
+
 // Migrate runs ddl in one transaction, under an advisory lock named after
 // the table, so that processes starting together do not race on CREATE ...
 // IF NOT EXISTS (which is not safe against a concurrent create).
@@ -110,7 +133,25 @@ func Migrate(ctx context.Context, db *sql.DB, t Table, ddl []string) (err error)
 	if _, err = tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "amqpretry migrate "+t.Name); err != nil {
 		return fmt.Errorf("migrate %s: %w", t.Name, RedactErr(err))
 	}
+	// Every lock the migration takes is bounded: one that waits behind a
+	// long transaction (a business write, a handler) would queue every
+	// writer of the table behind itself. It fails instead, and Migrate can
+	// be run again.
+	if _, err = tx.ExecContext(ctx, `SET LOCAL lock_timeout = '`+MigrateLockTimeout+`'`); err != nil {
+		return fmt.Errorf("migrate %s: %w", t.Name, RedactErr(err))
+	}
 	for _, stmt := range ddl {
+		// CREATE INDEX IF NOT EXISTS takes the table's SHARE lock even when
+		// the index exists, so one that exists is not created again.
+		if name, ok := indexCreated(stmt); ok {
+			var exists bool
+			if err = tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, t.qualify(name)).Scan(&exists); err != nil {
+				return fmt.Errorf("migrate %s: %w", t.Name, RedactErr(err))
+			}
+			if exists {
+				continue
+			}
+		}
 		if _, err = tx.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("migrate %s: %w", t.Name, RedactErr(err))
 		}
