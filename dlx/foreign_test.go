@@ -159,3 +159,50 @@ func TestCCIsNotFollowedOnEveryHop(t *testing.T) {
 		t.Errorf("replayed: %d messages, headers %v", len(back), back[0].Headers)
 	}
 }
+
+// brokerDeadLetter publishes a message to exchange ex with key and has the
+// broker dead-letter it into dlq, as a consumer's reject (pika's, or
+// recoverer.Reject(), or Permanent without a recoverer) does: it carries
+// where it was published only in x-death.
+func brokerDeadLetter(t *testing.T, key string) (work, ex, dlq string) {
+	t.Helper()
+	work, ex, dlq = brokertest.Name(t, "work"), brokertest.Name(t, "orders"), brokertest.Name(t, "dlq")
+	dlxEx := brokertest.Name(t, "dlx")
+	brokertest.Exchange(t, ex, "topic")
+	brokertest.Exchange(t, dlxEx, "fanout")
+	brokertest.Queue(t, work, amqp.Table{"x-dead-letter-exchange": dlxEx})
+	brokertest.Queue(t, dlq, nil)
+	brokertest.Bind(t, work, ex, "order.*")
+	brokertest.Bind(t, dlq, dlxEx, "")
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := ch.PublishWithDeferredConfirm(ex, key, true, false, amqp.Publishing{MessageId: "m", Body: []byte("order")})
+	if err != nil || !conf.Wait() {
+		t.Fatalf("publish: %v", err)
+	}
+	brokertest.Eventually(t, 5*time.Second, "the message on the work queue", func() bool { return brokertest.Depth(t, work) == 1 })
+	d, ok, err := ch.Get(work, false)
+	if err != nil || !ok {
+		t.Fatalf("get: %v %v", ok, err)
+	}
+	_ = d.Reject(false)
+	brokertest.Eventually(t, 5*time.Second, "the dead letter on the DLQ", func() bool { return brokertest.Depth(t, dlq) == 1 })
+	return work, ex, dlq
+}
+
+// A dead letter the broker made has no x-original-exchange: its exchange and
+// routing key are in x-death, and ReplayToOriginalExchange sends it there
+// (issue 41, item 5); it used to skip it.
+func TestReplayToOriginalExchangeReadsXDeath(t *testing.T) {
+	work, _, dlq := brokerDeadLetter(t, "order.created")
+	stats, err := dlx.Replay(context.Background(), brokertest.Channel(t, brokertest.Dial(t)), newPublisher(t), dlq, dlx.ReplayToOriginalExchange())
+	if err != nil || stats.Replayed != 1 || stats.Skipped != 0 {
+		t.Fatalf("stats %+v, err %v; want the dead letter replayed", stats, err)
+	}
+	back := drain(t, work)
+	if len(back) != 1 || back[0].MessageId != "m" || back[0].RoutingKey != "order.created" || back[0].Headers["x-death"] != nil {
+		t.Fatalf("work queue: %d messages %+v", len(back), back)
+	}
+}

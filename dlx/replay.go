@@ -51,8 +51,9 @@ func ReplayMatch(match func(d *amqp.Delivery) bool) ReplayOption {
 func ReplayTo(queue string) ReplayOption { return func(c *replayConfig) { c.toQueue = queue } }
 
 // ReplayToOriginalExchange sends each message to the exchange and routing key
-// it was first published with (x-original-exchange, x-original-routingKey),
-// so every queue bound there gets it again.
+// it was first published with (x-original-exchange, x-original-routingKey,
+// or for a dead letter the broker made, its oldest x-death entry), so every
+// queue bound there gets it again.
 func ReplayToOriginalExchange() ReplayOption { return func(c *replayConfig) { c.toOriginal = true } }
 
 // ReplayHeaderPrefix names the prefix the recoverer wrote its fault headers
@@ -202,8 +203,9 @@ func (c *replayConfig) destination(d *amqp.Delivery) (exchange, key string) {
 	case c.toQueue != "":
 		return "", c.toQueue
 	case c.toOriginal:
-		exchange, _ = d.Headers[recoverer.HeaderOriginalExchange].(string)
-		key, _ = d.Headers[recoverer.HeaderOriginalRoutingKey].(string)
+		// The recoverer's Spring headers, else x-death's oldest entry (a
+		// dead letter the broker made).
+		exchange, key, _ = amqphdr.FirstPublished(d.Headers)
 		return exchange, key
 	}
 	queue, _ := d.Headers[c.prefix+recoverer.SuffixOriginalQueue].(string)

@@ -121,17 +121,30 @@ func Deaths(h amqp.Table) []Death {
 // else the exchange and first routing key of its oldest death, else the
 // delivery's own.
 func OriginalDestination(d *amqp.Delivery) (exchange, key string) {
-	if ex, ok := d.Headers[OriginalExchange].(string); ok {
-		if k, ok := d.Headers[OriginalRoutingKey].(string); ok {
-			return ex, k
-		}
-	}
-	if deaths := Deaths(d.Headers); len(deaths) > 0 {
-		if first := deaths[len(deaths)-1]; len(first.RoutingKeys) > 0 {
-			return first.Exchange, first.RoutingKeys[0]
-		}
+	if exchange, key, ok := FirstPublished(d.Headers); ok {
+		return exchange, key
 	}
 	return d.Exchange, d.RoutingKey
+}
+
+// FirstPublished is where a message with headers h was first published, as
+// its headers record it: Spring's x-original-exchange and
+// x-original-routingKey when a recoverer wrote them, else the exchange and
+// first routing key of its oldest x-death entry (a dead letter the broker
+// made: a consumer's reject, an expiry, a limit). ok is false when neither
+// says.
+func FirstPublished(h amqp.Table) (exchange, key string, ok bool) {
+	if ex, ok := h[OriginalExchange].(string); ok {
+		if k, ok := h[OriginalRoutingKey].(string); ok {
+			return ex, k, true
+		}
+	}
+	if deaths := Deaths(h); len(deaths) > 0 {
+		if first := deaths[len(deaths)-1]; len(first.RoutingKeys) > 0 {
+			return first.Exchange, first.RoutingKeys[0], true
+		}
+	}
+	return "", "", false
 }
 
 // UnreadableHeaders replaces, in what a framecheck-guarded connection
