@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
+	"github.com/amqpretry/amqpretry/internal/errtext"
 )
 
 // Group runs several listeners on one connection, as RabbitMQ advises (one
@@ -151,7 +155,7 @@ func (g *Group) serve(ctx context.Context, stopAll context.CancelFunc, conn *amq
 	for _, sv := range svs {
 		sv.consumed = false
 		sv.l.ready.connected()
-		go func() { errs <- sv.serveOn(ctx, conn) }()
+		go func() { errs <- sv.serveInGroup(ctx, conn) }()
 	}
 	for range svs {
 		e := <-errs
@@ -167,6 +171,43 @@ func (g *Group) serve(ctx context.Context, stopAll context.CancelFunc, conn *amq
 		consumed = consumed || sv.consumed
 	}
 	return consumed, err
+}
+
+// serveInGroup is serveOn on the group's connection, served again, after a
+// backoff of the listener's own, when it ends for something a retry may
+// heal while the connection lives: a declaration that found no exchange yet
+// (404), a channel the broker closed. A lone listener redials for it; in a
+// group the others go on consuming meanwhile. It returns nil when ctx is
+// done, and a fatal error or the connection's loss as serveOn does.
+func (sv *supervisor) serveInGroup(ctx context.Context, conn *amqpconn.Conn) error {
+	l := sv.l
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	retry := amqpconn.NewRedialer()
+	for {
+		consumedBefore := sv.consumed
+		sv.consumed = false
+		err := sv.serveOn(ctx, conn)
+		if sv.consumed {
+			retry.Reset() // it got as far as consuming: the next problem starts the backoff over
+		}
+		sv.consumed = sv.consumed || consumedBefore
+		if err == nil || isFatal(err) || conn.IsClosed() || ctx.Err() != nil {
+			return err
+		}
+		delay := retry.Next()
+		l.ready.set(func(r *readiness) { r.lastErr = err })
+		l.cfg.logger.Warn("listener: declaration failed; retrying on the group's connection", "queue", l.queue, "error", errtext.String(err), "retry_in", delay)
+		timer := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-closed: // the connection's loss: serveOn would see it at once
+			timer.Stop()
+			return errors.New("connection closed")
+		case <-timer.C:
+		}
+	}
 }
 
 // onlyConnectionOptions names an option given to NewGroup that is not a

@@ -47,7 +47,16 @@ func (sv *supervisor) serveOn(ctx context.Context, conn *amqpconn.Conn) (err err
 			for _, c := range s.active {
 				c.stop()
 			}
-			sv.interruptAll()
+			if isFatal(err) {
+				sv.interruptAll()
+				return
+			}
+			// Served again (a Group's retry, a lone listener's redial): only
+			// this session's consumers hand their waiting deliveries back;
+			// the next session's must not start interrupted.
+			for _, c := range s.active {
+				c.interruptWaits()
+			}
 		}
 	}()
 	if l.killSwitch != nil && l.killSwitch.resumeTripped(time.Now()) {
