@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -65,5 +67,76 @@ func TestDLQToolsCarryOnPastAnUnreadableDeadLetter(t *testing.T) {
 	}
 	if w, d := brokertest.Depth(t, topo.Queue), brokertest.Depth(t, topo.DLQ()); w != 2 || d != 1 {
 		t.Errorf("work %d, dlq %d: want 2 and the unreadable one left", w, d)
+	}
+}
+
+// brokerDeadLetter has the broker dead-letter one message published to a
+// topic exchange with key, as a consumer's reject does (pika's, or
+// recoverer.Reject()), through a DLX with a routing key of its own: the
+// dead letter says where it came from in x-death only.
+func brokerDeadLetter(t *testing.T, key string) (work, ex, dlq string) {
+	t.Helper()
+	work, ex, dlq = brokertest.Name(t, "work"), brokertest.Name(t, "orders"), brokertest.Name(t, "dlq")
+	dlxEx := brokertest.Name(t, "dlx")
+	brokertest.Exchange(t, ex, "topic")
+	brokertest.Exchange(t, dlxEx, "fanout")
+	brokertest.Queue(t, work, amqp.Table{"x-dead-letter-exchange": dlxEx, "x-dead-letter-routing-key": "dead"})
+	brokertest.Queue(t, dlq, nil)
+	brokertest.Bind(t, work, ex, "order.*")
+	brokertest.Bind(t, dlq, dlxEx, "")
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := ch.PublishWithDeferredConfirm(ex, key, true, false, amqp.Publishing{MessageId: "m", Body: []byte("order")})
+	if err != nil || !conf.Wait() {
+		t.Fatalf("publish: %v", err)
+	}
+	brokertest.Eventually(t, 5*time.Second, "the message on the work queue", func() bool { return brokertest.Depth(t, work) == 1 })
+	d, ok, err := ch.Get(work, false)
+	if err != nil || !ok {
+		t.Fatalf("get: %v %v", ok, err)
+	}
+	_ = d.Reject(false)
+	brokertest.Eventually(t, 5*time.Second, "the dead letter on the DLQ", func() bool { return brokertest.Depth(t, dlq) == 1 })
+	return work, ex, dlq
+}
+
+// A dead letter the broker made is described from its x-death: the original
+// routing key and exchange, the queue, when and why, how often (issue 41,
+// item 6). list used to show its dead-letter key as the original one, and
+// "-" for the rest, so that --match on the original key selected nothing.
+func TestBrokerMadeDeadLetterIsDescribedFromXDeath(t *testing.T) {
+	work, ex, dlq := brokerDeadLetter(t, "order.created")
+	code, out, errOut := amqpretry(t, "dlq", "list", dlq, "--json")
+	var msgs []map[string]any
+	if err := json.Unmarshal([]byte(out), &msgs); code != 0 || err != nil || len(msgs) != 1 {
+		t.Fatalf("list --json: exit %d (%s), %v:\n%s", code, errOut, err, out)
+	}
+	m := msgs[0]
+	if m["routing_key"] != "order.created" || m["original_exchange"] != ex || m["original_queue"] != work || m["attempts"] != 1.0 {
+		t.Errorf("list --json: %v", m)
+	}
+	if e, _ := m["exception"].(string); !strings.Contains(e, "rejected") {
+		t.Errorf("exception %q, want x-death's reason", e)
+	}
+	if at, err := time.Parse(time.RFC3339, fmt.Sprint(m["failed_at"])); err != nil || time.Since(at) > time.Hour {
+		t.Errorf("failed_at %v: %v", m["failed_at"], err)
+	}
+	code, out, errOut = amqpretry(t, "dlq", "list", dlq)
+	row := out[strings.Index(out, "\n")+1:]
+	if code != 0 || !strings.Contains(row, "order.created") || !strings.Contains(row, "rejected") || !rfc3339Seconds.MatchString(row) {
+		t.Errorf("list: exit %d (%s):\n%s", code, errOut, out)
+	}
+	code, out, errOut = amqpretry(t, "dlq", "show", dlq)
+	if code != 0 || !rfc3339Seconds.MatchString(out[strings.Index(out, "failed at:"):]) {
+		t.Errorf("show: exit %d (%s):\n%s", code, errOut, out)
+	}
+	code, out, errOut = amqpretry(t, "dlq", "replay", dlq, "--match", `^order\.created$`, "--to-original-exchange")
+	if code != 0 || !strings.Contains(out, "replayed 1 message(s)") {
+		t.Fatalf("replay --match --to-original-exchange: exit %d (%s): %s", code, errOut, out)
+	}
+	if n := brokertest.Depth(t, work); n != 1 {
+		t.Errorf("work queue holds %d, want the replayed message", n)
 	}
 }

@@ -99,6 +99,11 @@ original routing key, exception, attempts, broker retries and failure time.
 It takes them without acking and hands each back with basic.nack(requeue):
 they stay where they were, in order.
 
+A dead letter RabbitMQ made itself (a consumer's reject, an expiry, a
+limit) has no fault headers: its original routing key, exchange and queue,
+its failure time, attempts (the latest death's count) and exception (the
+reason) come from its x-death header.
+
 --json prints a JSON array instead, one object per message, with the fields
   index, message_id, routing_key (the original one), original_exchange,
   original_queue, exception (whole), error_type, attempts (null when unknown),
@@ -368,14 +373,14 @@ func exceptionText(d *amqp.Delivery) string {
 	if why := header(d, amqphdr.UnreadableHeaders); why != "" {
 		return "(headers unreadable: " + why + ")"
 	}
-	return header(d, recoverer.HeaderExceptionMessage)
+	return deadletter.Exception(d)
 }
 
 func deadLetterOf(i int, d *amqp.Delivery, prefix string) deadLetterJSON {
 	m := deadLetterJSON{
 		Index: i, MessageID: d.MessageId, RoutingKey: originalKey(d),
-		OriginalExchange: header(d, recoverer.HeaderOriginalExchange), OriginalQueue: header(d, prefix+recoverer.SuffixOriginalQueue),
-		Exception: header(d, recoverer.HeaderExceptionMessage), ErrorType: header(d, prefix+recoverer.SuffixErrorType),
+		OriginalExchange: deadletter.OriginalExchange(d), OriginalQueue: deadletter.OriginalQueue(d, prefix),
+		Exception: deadletter.Exception(d), ErrorType: header(d, prefix+recoverer.SuffixErrorType),
 		Retries: dlx.RetryCount(d), ContentType: d.ContentType, BodyBytes: len(d.Body),
 		UnreadableHeaders: header(d, amqphdr.UnreadableHeaders),
 	}
@@ -392,8 +397,14 @@ func deadLetterOf(i int, d *amqp.Delivery, prefix string) deadLetterJSON {
 	return m
 }
 
-// attempts reads the recoverer's attempts header, a number (or its text).
+// attempts reads the recoverer's attempts header, a number (or its text),
+// else, for a dead letter RabbitMQ made, the count of its latest death.
 func attempts(d *amqp.Delivery, prefix string) (int64, bool) {
+	if _, ok := d.Headers[prefix+recoverer.SuffixAttempts]; !ok {
+		if death, ok := deadletter.LatestDeath(d); ok && death.Count > 0 {
+			return int64(death.Count), true
+		}
+	}
 	switch v := d.Headers[prefix+recoverer.SuffixAttempts].(type) {
 	case int64:
 		return v, true
@@ -419,8 +430,14 @@ func attempts(d *amqp.Delivery, prefix string) (int64, bool) {
 }
 
 // failedAt reads the recoverer's failed-at header: RFC 3339 text (or an
-// AMQP timestamp, as another tool may write it).
+// AMQP timestamp, as another tool may write it); else, for a dead letter
+// RabbitMQ made, the time of its latest death.
 func failedAt(d *amqp.Delivery, prefix string) (time.Time, bool) {
+	if _, ok := d.Headers[prefix+recoverer.SuffixFailedAt]; !ok {
+		if death, ok := deadletter.LatestDeath(d); ok && !death.Time.IsZero() {
+			return death.Time.UTC(), true
+		}
+	}
 	switch v := d.Headers[prefix+recoverer.SuffixFailedAt].(type) {
 	case time.Time:
 		return v.UTC(), !v.IsZero()
@@ -490,7 +507,7 @@ func replay(ctx context.Context, urls []string, queue string, limit int, re *reg
 	if re != nil {
 		opts = append(opts, dlx.ReplayMatch(func(d *amqp.Delivery) bool {
 			return re.MatchString(d.MessageId) || re.MatchString(originalKey(d)) ||
-				re.MatchString(header(d, recoverer.HeaderExceptionMessage)) || re.Match(d.Body[:min(len(d.Body), 4096)])
+				re.MatchString(deadletter.Exception(d)) || re.Match(d.Body[:min(len(d.Body), 4096)])
 		}))
 	}
 	switch {

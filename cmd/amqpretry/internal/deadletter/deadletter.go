@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/dlx"
+	"github.com/amqpretry/amqpretry/internal/amqphdr"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
@@ -71,13 +72,76 @@ func Header(d *amqp.Delivery, key string) string {
 	return ""
 }
 
-// OriginalKey is the routing key a dead letter was first published with, or
-// its own when the recoverer did not record one.
+// OriginalKey is the routing key a dead letter was first published with: as
+// the recoverer recorded it, else as x-death does for one the broker made (a
+// consumer's reject, an expiry), else its own.
 func OriginalKey(d *amqp.Delivery) string {
 	if k := Header(d, recoverer.HeaderOriginalRoutingKey); k != "" {
 		return k
 	}
+	if _, key, ok := amqphdr.FirstPublished(d.Headers); ok {
+		return key
+	}
 	return d.RoutingKey
+}
+
+// OriginalExchange is the exchange a dead letter was first published to, as
+// the recoverer or x-death recorded it; "" when neither did (or it was the
+// default exchange).
+func OriginalExchange(d *amqp.Delivery) string {
+	exchange, _, _ := amqphdr.FirstPublished(d.Headers)
+	return exchange
+}
+
+// OriginalQueue is the queue a dead letter failed on: the recoverer's
+// original-queue header (with prefix), else the queue RabbitMQ first
+// dead-lettered it from.
+func OriginalQueue(d *amqp.Delivery, prefix string) string {
+	if q := Header(d, prefix+recoverer.SuffixOriginalQueue); q != "" {
+		return q
+	}
+	if q, ok := d.Headers[amqphdr.XFirstDeathQueue].(string); ok && q != "" {
+		return q
+	}
+	if deaths := amqphdr.Deaths(d.Headers); len(deaths) > 0 {
+		return deaths[len(deaths)-1].Queue
+	}
+	return ""
+}
+
+// Exception is why a dead letter is one: the recoverer's exception message,
+// else, for one RabbitMQ made, the reason of its latest death and the queue.
+func Exception(d *amqp.Delivery) string {
+	if e := Header(d, recoverer.HeaderExceptionMessage); e != "" {
+		return e
+	}
+	if death, ok := LatestDeath(d); ok && death.Reason != "" {
+		return fmt.Sprintf("%s (dead-lettered by RabbitMQ from %s)", reasonText(death.Reason), death.Queue)
+	}
+	return ""
+}
+
+// LatestDeath is the newest entry of d's x-death header, if any.
+func LatestDeath(d *amqp.Delivery) (amqphdr.Death, bool) {
+	deaths := amqphdr.Deaths(d.Headers)
+	if len(deaths) == 0 {
+		return amqphdr.Death{}, false
+	}
+	return deaths[0], true
+}
+
+func reasonText(reason string) string {
+	switch reason {
+	case "rejected":
+		return "rejected by a consumer"
+	case "expired":
+		return "expired (its TTL ran out)"
+	case "maxlen":
+		return "dropped from a full queue (maxlen)"
+	case "delivery_limit":
+		return "over the queue's delivery limit (delivery_limit)"
+	}
+	return reason
 }
 
 // Result is what a Replay did, and how many messages it left on the queue.
