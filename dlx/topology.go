@@ -189,6 +189,11 @@ type Topology struct {
 	// local retries only (middleware.Retry), and a recoverer that takes a
 	// message that exhausts them out of the way (to the DLQ).
 	//
+	// A listener stopping on such a queue (shutdown, scale-down) finishes
+	// the handler that runs and then closes its channel, rather than
+	// cancelling first: the standby starts after that handler ended, with
+	// the messages the stopping one had prefetched, in order.
+	//
 	// A listener that declares the queue (listener.WithDeclare(t.Declare))
 	// knows it is single-active: with more than one consumer it warns once
 	// that they add no throughput, and it does not scale up. On a queue

@@ -42,6 +42,7 @@ type consumer struct {
 
 	consuming       atomic.Bool
 	stopping        atomic.Bool // the listener cancelled it: requeue what still arrives
+	holding         atomic.Bool // ... on an ordered queue: hold what still arrives for the channel's close to hand back (stopOrdered)
 	brokerCancelled atomic.Bool // the broker sent basic.cancel
 	timedOut        atomic.Bool // ... of a queue that exists: a consumer timeout
 
@@ -182,12 +183,59 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 // channel closes after them. It does not wait for the broker's cancel-ok, so
 // a dead connection cannot stall a shutdown; deliveries the broker sends
 // meanwhile stay unacked and are requeued when the channel closes.
+//
+// On an ordered queue it stops with stopOrdered instead.
 func (c *consumer) stop() {
+	if c.sv.l.ordered() {
+		c.stopOrdered()
+		return
+	}
 	if c.stopping.CompareAndSwap(false, true) {
 		if err := c.ch.Cancel(c.tag, true); err != nil {
 			c.cancel() // the channel is gone: nothing can be settled any more
 		}
 	}
+}
+
+// ordered reports whether the queue hands its messages to one consumer at a
+// time, in order: single active consumer (declared or observed), or an
+// exclusive consumer (WithExclusive), whose successor waits to subscribe.
+func (l *Listener) ordered() bool {
+	return l.cfg.consumer.exclusive || l.singleActiveHolds()
+}
+
+// stopOrdered stops a consumer of an ordered queue without a basic.cancel,
+// which would make the next consumer (the standby of single active
+// consumer, an exclusive one waiting) active at once, while this one still
+// runs a handler and holds the messages it prefetched: the next would handle
+// later messages first, and side by side with this one. Instead the
+// consumer starts no new handler (what still arrives is held), lets the
+// deliveries in flight finish and settle (their waits end, and the shutdown
+// timeout bounds them), writes the acks that wait, and then closes its
+// channel: the broker gives the held messages back to the queue, in order,
+// and activates the next consumer in the same step.
+func (c *consumer) stopOrdered() {
+	if !c.holding.CompareAndSwap(false, true) {
+		return
+	}
+	c.stopping.Store(true)
+	c.sv.consumers.Add(1)
+	go func() {
+		defer c.sv.consumers.Done()
+		// admit counts a delivery in flight before it looks at stopping:
+		// once stopping is set, a count of zero stays zero.
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for c.inFlight.Load() > 0 {
+			select {
+			case <-tick.C:
+			case <-c.finished: // the channel died meanwhile
+				return
+			}
+		}
+		c.acks.close(!c.ch.IsClosed() && !c.timedOut.Load() && !c.brokerCancelled.Load())
+		c.sv.closeBounded(c.ch.Close) // the reader finishes as the deliveries channel closes
+	}()
 }
 
 // chainContext is what the chain of every delivery sees: the queue, the
@@ -369,7 +417,16 @@ func (c *consumer) admit(d *amqp.Delivery) *delivery {
 		// here could make another of them count as a failed delivery).
 		return nil
 	}
+	c.inFlight.Add(1) // before stopping is read: see stopOrdered
+	if c.holding.Load() {
+		// Stopping on an ordered queue: held unsettled, for the channel's
+		// close to hand back in order (a nack would have the broker send it
+		// straight back to this consumer, still the active one).
+		c.inFlight.Add(-1)
+		return nil
+	}
 	if c.stopping.Load() && !c.handOver.Load() {
+		c.inFlight.Add(-1)
 		// Arrived after we cancelled: back to the queue at once, with a
 		// nack, which does not count as a failed delivery. (A careful
 		// consumer handing over handles it instead: before RabbitMQ 4.3
@@ -387,7 +444,6 @@ func (c *consumer) admit(d *amqp.Delivery) *delivery {
 	if d.Headers != nil && !c.sv.l.countsToldOnce.Load() {
 		c.sv.l.tellDeliveryCounting(d.Headers)
 	}
-	c.inFlight.Add(1)
 	c.pending.Add(1)
 	c.acks.received(d.DeliveryTag)
 	return &delivery{Delivery: *d, c: c, received: monotime(), id: d.MessageId, tag: d.DeliveryTag}
