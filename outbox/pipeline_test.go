@@ -215,3 +215,60 @@ func TestStuckDestinationCostsOnlyItsOwnRows(t *testing.T) {
 	})
 	t.Logf("%d healthy rows sent in %v, while %d rows wait for confirms that do not come", healthy, time.Since(began).Round(time.Millisecond), rows-healthy)
 }
+
+// Defect 6 of issue 35: a broker connection that stalls while large
+// messages are being written kept Run going long past its shutdown timeout
+// (14.6 s for a 1 s timeout): a publish blocked in a socket write inside
+// amqp091-go does not see its context end. The publisher now abandons a
+// connection whose stuck send outlived its caller's context, so the relay's
+// publishes end with the grace period, and the rows are handed back.
+func TestFrozenBrokerDoesNotHoldRunPastItsShutdownTimeout(t *testing.T) {
+	const rows = 40
+	const shutdown = time.Second
+	ob, db, _ := setup(t, outbox.WithShutdownTimeout(shutdown))
+	q, _ := queue(t)
+	for i := range rows {
+		enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "m" + strconv.Itoa(i), Body: make([]byte, 1<<20)})
+	}
+	proxy, url := brokertest.Proxy(t)
+	pub, err := publisher.New(url, publisher.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	t.Cleanup(func() { proxy.Blackhole(false) }) // before the publisher closes
+	var started atomic.Int32
+	frozen := make(chan struct{})
+	hooked := &hookPublisher{pub: pub, before: func() {
+		if started.Add(1) == 3 {
+			proxy.Blackhole(true)
+			close(frozen)
+		}
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- ob.Relay(hooked).Run(ctx) }()
+	<-frozen
+	time.Sleep(500 * time.Millisecond) // the writes back up in the socket buffers
+	cancel()
+	stopped := time.Now()
+	// The bound is generous: the shutdown timeout, then the publisher's
+	// watchdog tick (a second) and the recording; without the fix Run
+	// waited for the publisher's stall detector (two heartbeats).
+	const bound = shutdown + 5*time.Second
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("Run returned %v after the cancel (shutdown timeout %v)", time.Since(stopped).Round(time.Millisecond), shutdown)
+	case <-time.After(bound):
+		proxy.Blackhole(false)
+		<-done
+		t.Fatalf("Run returned %v after the cancel, want within its shutdown timeout %v (and the publisher's watchdog tick)", time.Since(stopped).Round(time.Millisecond), shutdown)
+	}
+	if n := held(t, db, ob); n > 0 {
+		t.Logf("%d rows whose publishes were cut stay claimed until the lease ends", n)
+	}
+}

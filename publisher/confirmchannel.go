@@ -41,9 +41,10 @@ type confirmChannel struct {
 	published    uint64        // delivery tag of the last message sent; guarded by sendSlot
 	sendingSince atomic.Int64  // unix nanos when the send in progress began, or 0
 
-	mu      sync.Mutex
-	pending map[uint64]*inflight
-	dead    atomic.Bool // set under mu; read without it by pickChannel
+	mu       sync.Mutex
+	pending  map[uint64]*inflight
+	sendDone <-chan struct{} // the context of the latest send: see abandonedSend
+	dead     atomic.Bool     // set under mu; read without it by pickChannel
 
 	done chan struct{} // closed when the watcher has exited
 }
@@ -209,6 +210,7 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 		return nil, &channelLostError{}
 	}
 	cc.pending[tag] = f
+	cc.sendDone = ctx.Done()
 	cc.mu.Unlock()
 
 	cc.sendingSince.Store(time.Now().UnixNano())
@@ -236,6 +238,25 @@ func (cc *confirmChannel) stalledFor(now time.Time) time.Duration {
 		return now.Sub(time.Unix(0, since))
 	}
 	return 0
+}
+
+// abandonedSend reports whether the send in progress has been stuck in a
+// socket write for at least d after its caller stopped waiting: amqp091
+// does not see a context end once it writes, so only closing the
+// connection frees that caller.
+func (cc *confirmChannel) abandonedSend(now time.Time, d time.Duration) bool {
+	if cc.stalledFor(now) < d {
+		return false
+	}
+	cc.mu.Lock()
+	done := cc.sendDone
+	cc.mu.Unlock()
+	select {
+	case <-done:
+		return true
+	default:
+		return false // (a nil done never ends)
+	}
 }
 
 // forget drops a publish whose caller stopped waiting; a late confirm is

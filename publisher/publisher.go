@@ -557,15 +557,21 @@ func (p *Publisher) serve(conn *amqpconn.Conn, channels []*confirmChannel, died 
 			// A send stuck in a socket write for two heartbeats means the
 			// connection is dead in all but name: close it, which frees the
 			// writer, and redial.
+			// So does one stuck for a tick whose caller has stopped
+			// waiting: amqp091 would hold that caller until the stall
+			// detector fires, far past its context (a shutdown timeout).
 			stall := time.Duration(0)
+			abandoned := false
 			if solo != nil {
 				stall = solo.stalledFor(now)
+				abandoned = solo.abandonedSend(now, time.Second)
 			}
 			for _, cc := range channels {
 				stall = max(stall, cc.stalledFor(now))
+				abandoned = abandoned || cc.abandonedSend(now, time.Second)
 			}
-			if stall > 2*p.cfg.conn.Heartbeat && !blocked {
-				p.cfg.logger.Warn("publisher: a write has been stuck; closing the connection", "url", p.redacted, "stuck_for", stall)
+			if (stall > 2*p.cfg.conn.Heartbeat || abandoned) && !blocked {
+				p.cfg.logger.Warn("publisher: a write has been stuck; closing the connection", "url", p.redacted, "stuck_for", stall, "caller_gave_up", abandoned)
 				return fmt.Errorf("a write was stuck for %v", stall)
 			}
 		case dead := <-died:
