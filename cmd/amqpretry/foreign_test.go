@@ -140,3 +140,29 @@ func TestBrokerMadeDeadLetterIsDescribedFromXDeath(t *testing.T) {
 		t.Errorf("work queue holds %d, want the replayed message", n)
 	}
 }
+
+// Node code often sets timestamp: Date.now(), milliseconds where AMQP means
+// seconds: the time lands in the year 56,000 or so. list --json shows it as
+// it is instead of failing for the whole queue (issue 41, item 8);
+// encoding/json refuses years past 9999.
+func TestListJSONShowsAMillisecondTimestamp(t *testing.T) {
+	topo := withDeadLetters(t, 1)
+	const dateNow = 1732670000123 // a Date.now(), written as AMQP's seconds
+	brokertest.Publish(t, topo.DLQ(), amqp.Publishing{MessageId: "node", Timestamp: time.Unix(dateNow, 0),
+		Headers: amqp.Table{recoverer.DefaultHeaderPrefix + recoverer.SuffixFailedAt: time.Unix(dateNow, 0)}})
+	code, out, errOut := amqpretry(t, "dlq", "list", topo.DLQ(), "--json")
+	var msgs []map[string]any
+	if err := json.Unmarshal([]byte(out), &msgs); code != 0 || err != nil || len(msgs) != 2 {
+		t.Fatalf("list --json: exit %d (%s), %v:\n%s", code, errOut, err, out)
+	}
+	want := time.Unix(dateNow, 0).UTC().Format(time.RFC3339)
+	if msgs[1]["timestamp"] != want || msgs[1]["failed_at"] != want {
+		t.Errorf("timestamp %v, failed_at %v, want both %q", msgs[1]["timestamp"], msgs[1]["failed_at"], want)
+	}
+	if _, err := time.Parse(time.RFC3339Nano, fmt.Sprint(msgs[0]["failed_at"])); err != nil {
+		t.Errorf("an ordinary failed_at: %v", err)
+	}
+	if code, out, _ := amqpretry(t, "dlq", "list", topo.DLQ()); code != 0 || !strings.Contains(out, "node") {
+		t.Errorf("list: exit %d:\n%s", code, out)
+	}
+}

@@ -58,6 +58,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -349,19 +350,19 @@ func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix
 // deadLetterJSON is one message of dlq list --json; dlqListUsage documents
 // the fields, whose names do not change.
 type deadLetterJSON struct {
-	Index            int        `json:"index"`
-	MessageID        string     `json:"message_id"`
-	RoutingKey       string     `json:"routing_key"`
-	OriginalExchange string     `json:"original_exchange"`
-	OriginalQueue    string     `json:"original_queue"`
-	Exception        string     `json:"exception"`
-	ErrorType        string     `json:"error_type"`
-	Attempts         *int64     `json:"attempts"`
-	Retries          int        `json:"retries"`
-	FailedAt         *time.Time `json:"failed_at"`
-	Timestamp        *time.Time `json:"timestamp"`
-	ContentType      string     `json:"content_type"`
-	BodyBytes        int        `json:"body_bytes"`
+	Index            int       `json:"index"`
+	MessageID        string    `json:"message_id"`
+	RoutingKey       string    `json:"routing_key"`
+	OriginalExchange string    `json:"original_exchange"`
+	OriginalQueue    string    `json:"original_queue"`
+	Exception        string    `json:"exception"`
+	ErrorType        string    `json:"error_type"`
+	Attempts         *int64    `json:"attempts"`
+	Retries          int       `json:"retries"`
+	FailedAt         *jsonTime `json:"failed_at"`
+	Timestamp        *jsonTime `json:"timestamp"`
+	ContentType      string    `json:"content_type"`
+	BodyBytes        int       `json:"body_bytes"`
 	// UnreadableHeaders says why amqp091-go cannot read the message's
 	// headers, which the other fields then lack; absent when it can.
 	UnreadableHeaders string `json:"unreadable_headers,omitempty"`
@@ -388,13 +389,23 @@ func deadLetterOf(i int, d *amqp.Delivery, prefix string) deadLetterJSON {
 		m.Attempts = &n
 	}
 	if t, ok := failedAt(d, prefix); ok {
-		m.FailedAt = &t
+		m.FailedAt = (*jsonTime)(&t)
 	}
 	if !d.Timestamp.IsZero() {
 		t := d.Timestamp.UTC()
-		m.Timestamp = &t
+		m.Timestamp = (*jsonTime)(&t)
 	}
 	return m
+}
+
+// jsonTime is a time in --json: RFC 3339, and for a year past 9999, which
+// encoding/json refuses (a producer that wrote milliseconds where AMQP
+// means seconds, as Node's Date.now() does), the same layout with the year
+// as it is, rather than failing the whole list.
+type jsonTime time.Time
+
+func (t jsonTime) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Time(t).Format(time.RFC3339Nano))
 }
 
 // attempts reads the recoverer's attempts header, a number (or its text),

@@ -69,7 +69,7 @@ func Key(d *amqp.Delivery) string {
 	writeField(d.CorrelationId)
 	writeField(d.Type)
 	writeField(d.AppId)
-	writeField(fmt.Sprint(d.Timestamp.UnixNano()))
+	writeField(fmt.Sprint(d.Timestamp.Unix())) // AMQP keeps seconds; UnixNano overflows past 2262
 	for _, k := range slices.Sorted(maps.Keys(d.Headers)) {
 		if fingerprintSkips[k] {
 			continue
