@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
 	"errors"
@@ -102,7 +103,9 @@ func WithConsumerName(name string) Option {
 // WithKey derives the deduplication key from a delivery, for producers that
 // do not set MessageId (a business id in a header, say). Default: the
 // delivery's MessageId. An error from key is returned as it is (mark it
-// Permanent if retrying cannot help); an empty key is ErrNoMessageID.
+// Permanent if retrying cannot help); an empty key is ErrNoMessageID. A key
+// over 1 KiB is recorded by its SHA-256, since PostgreSQL cannot index one
+// much longer.
 func WithKey(key func(*amqp.Delivery) (string, error)) Option {
 	return func(c *config) {
 		if key == nil {
@@ -202,7 +205,7 @@ func (ib *Inbox) Handler(fn HandlerFunc) middleware.Handler {
 		}
 		tx, err := ib.db.BeginTx(ctx, nil)
 		if err != nil {
-			return fmt.Errorf("inbox: begin a transaction for message %q: %w", id, pgsql.RedactErr(err))
+			return fmt.Errorf("inbox: begin a transaction for message %q: %w", shown(id), pgsql.RedactErr(err))
 		}
 		// Rolls back on an error, on a panic in fn (which then goes on up),
 		// and after a duplicate; after Commit it does nothing.
@@ -213,14 +216,14 @@ func (ib *Inbox) Handler(fn HandlerFunc) middleware.Handler {
 		res, err := tx.ExecContext(ctx, `INSERT INTO `+ib.table.Quoted+` (consumer, message_id, processed_at)
 		VALUES ($1, $2, now()) ON CONFLICT DO NOTHING`, storedKey(consumer), storedKey(id))
 		if err != nil {
-			return fmt.Errorf("inbox: record message %q for consumer %q: %w", id, consumer, pgsql.RedactErr(err))
+			return fmt.Errorf("inbox: record message %q for consumer %q: %w", shown(id), consumer, pgsql.RedactErr(err))
 		}
 		n, err := res.RowsAffected()
 		if err != nil {
-			return fmt.Errorf("inbox: record message %q for consumer %q: %w", id, consumer, pgsql.RedactErr(err))
+			return fmt.Errorf("inbox: record message %q for consumer %q: %w", shown(id), consumer, pgsql.RedactErr(err))
 		}
 		if n == 0 {
-			ib.logger.DebugContext(ctx, "inbox: message already processed; skipped", "consumer", consumer, "message_id", id, "redelivered", d.Redelivered)
+			ib.logger.DebugContext(ctx, "inbox: message already processed; skipped", "consumer", consumer, "message_id", shown(id), "redelivered", d.Redelivered)
 			return nil
 		}
 		if err := fn(ctx, tx, d); err != nil {
@@ -266,11 +269,35 @@ func storable(s string) bool { return utf8.ValidString(s) && !strings.Contains(s
 // deduplicated like any other instead of failing its insert on every
 // delivery. The consumer's name is stored the same way: WithConsumerName
 // refuses a name text cannot hold, but a queue's name comes from the broker.
+//
+// A key longer than maxStoredKey is stored as the prefix, "sha256:" and its
+// SHA-256 in hex: PostgreSQL refuses a btree entry over about 2.7 KB, so such
+// a key's insert would fail on every delivery. Neither other form can start
+// that way (hex digits follow the prefix; a verbatim key never starts with
+// it), so a hashed key collides with no other.
 func storedKey(key string) string {
+	if len(key) > maxStoredKey {
+		sum := sha256.Sum256([]byte(key))
+		return escapedPrefix + "sha256:" + hex.EncodeToString(sum[:])
+	}
 	if storable(key) && !strings.HasPrefix(key, escapedPrefix) {
 		return key
 	}
 	return escapedPrefix + hex.EncodeToString([]byte(key))
+}
+
+// maxStoredKey is the longest key stored as it is (or escaped, at twice its
+// length): with a consumer name of up to 255 bytes (a queue's), also
+// escaped, the primary key's entry stays under PostgreSQL's btree limit.
+const maxStoredKey = 1024
+
+// shown is key as errors and logs quote it: bounded.
+func shown(key string) string {
+	const most = 200
+	if len(key) <= most {
+		return key
+	}
+	return key[:most] + "…"
 }
 
 // Purge deletes the records of messages processed more than olderThan ago,

@@ -2,7 +2,9 @@ package inbox_test
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/base64"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -69,5 +71,39 @@ func TestReusedMessageIDSkipsTheSecondEvent(t *testing.T) {
 	}
 	if len(types) != 1 || types[0] != "order.created" {
 		t.Fatalf("handled %v; the documented behaviour is that only the first event with a given id runs", types)
+	}
+}
+
+// An "also" of issue 35: a key (WithKey) over about 2.7 KB exceeded
+// PostgreSQL's btree row limit, so its insert failed with an ordinary,
+// retryable error on every delivery and the message looped. A long key is
+// now recorded by its SHA-256: the message is processed once, its
+// redelivery skipped, and keys that differ only at their end stay apart.
+func TestLongKeysAreDeduplicated(t *testing.T) {
+	random := make([]byte, 3000)
+	_, _ = rand.Read(random)
+	long := base64.StdEncoding.EncodeToString(random) // 4000 bytes PostgreSQL cannot compress
+	ib, db, schema := setup(t, inbox.WithKey(func(d *amqp.Delivery) (string, error) {
+		key, _ := d.Headers["key"].(string)
+		return key, nil
+	}))
+	var calls atomic.Int32
+	h := ib.Handler(func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+		calls.Add(1)
+		return nil
+	})
+	keys := []string{long + "a", long + "b", long[:2000] + strings.Repeat("\xff", 1000), "amqpretry-hex:sha256:" + strings.Repeat("0", 64)}
+	for round := range 2 {
+		for _, key := range keys {
+			if err := h(context.Background(), &amqp.Delivery{Headers: amqp.Table{"key": key}}); err != nil {
+				t.Fatalf("round %d, a key of %d bytes: %v", round+1, len(key), err)
+			}
+		}
+	}
+	if int(calls.Load()) != len(keys) {
+		t.Fatalf("the handler ran %d times for %d distinct keys delivered twice each, want once per key", calls.Load(), len(keys))
+	}
+	if n := count(t, db, `SELECT count(*) FROM `+schema+`.inbox`); n != len(keys) {
+		t.Fatalf("%d records, want %d", n, len(keys))
 	}
 }
