@@ -167,6 +167,11 @@ func newListener(who, queue string, mw middleware.Middleware, h middleware.Handl
 				"or raise consumer_timeout and WithConsumerTimeout together",
 				wait, what, cfg.consumerTimeout)
 		}
+		if d := survey.TimeoutAroundRecover; d > 0 {
+			cfg.fail("the middleware has Timeout(%v) around Recover: once its deadline passes the recoverer cannot run (its context has ended), "+
+				"so the delivery would be requeued and run again for ever. Put Timeout innermost, next to the handler: "+
+				"Chain(Retry(n), Recover(r), Timeout(%v)); to bound every attempt together, put the Timeout inside the Recover or use Retry's WithMaxElapsedTime", d, d)
+		}
 	}
 	if len(cfg.errs) > 0 {
 		return nil, errors.Join(cfg.errs...)

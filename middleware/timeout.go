@@ -54,7 +54,10 @@ func (e *TimeoutError) Unwrap() error        { return e.Last }
 // Retry retries a timed-out one: Chain(Retry(3), Recover(r), Timeout(30*time.Second)).
 // listener.New counts d toward the delivery's worst case, the Retries' waits
 // plus d on every attempt, and refuses a chain that could outlast the
-// broker's consumer_timeout.
+// broker's consumer_timeout. It refuses a Timeout around a Recover too:
+// past the deadline the recoverer cannot run, so the delivery would be
+// requeued and run again for ever. A Timeout between Recover and Retry,
+// Chain(Recover(r), Timeout(d), Retry(3)), bounds every attempt together.
 //
 // Timeout panics if d <= 0.
 func Timeout(d time.Duration) Middleware {

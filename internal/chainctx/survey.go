@@ -22,6 +22,10 @@ type Survey struct {
 	// reaches. The listener hands it deliveries past their redelivery
 	// limit without running the chain.
 	Recoverer any
+	// TimeoutAroundRecover is the d of a Timeout built around a Recover,
+	// or 0: past its deadline the recoverer cannot run, so the delivery
+	// would be requeued and run again for ever. The listener refuses it.
+	TimeoutAroundRecover time.Duration
 }
 
 // SurveyChain builds a chain by calling build, and returns what the Retries
@@ -60,7 +64,7 @@ func SurveyChain(build func()) Survey {
 		}
 	}()
 	build()
-	return Survey{Wait: s.unclaimed, Recoverer: s.recoverer}
+	return Survey{Wait: s.unclaimed, Recoverer: s.recoverer, TimeoutAroundRecover: s.timeoutAroundRecover}
 }
 
 // SurveyWait is SurveyChain(build).Wait.
@@ -84,6 +88,9 @@ func RetryBuilt(worst time.Duration, attempts int) {
 func TimeoutBuilt(d time.Duration) {
 	if s := current(); s != nil {
 		s.unclaimed = d
+		if s.recoverer != nil && s.timeoutAroundRecover == 0 {
+			s.timeoutAroundRecover = d // a Recover was built before: this Timeout wraps it
+		}
 	}
 }
 
@@ -116,8 +123,9 @@ var (
 type survey struct {
 	// unclaimed is the worst case of what has been built and is not yet
 	// wrapped by a Retry.
-	unclaimed time.Duration
-	recoverer any // the first Recover's
+	unclaimed            time.Duration
+	recoverer            any           // the first Recover's
+	timeoutAroundRecover time.Duration // the first Timeout built after a Recover
 }
 
 // goroutineID is the number the runtime prints for the current goroutine in
