@@ -293,3 +293,27 @@ func TestStackTraceKeepsTabs(t *testing.T) {
 		}
 	}
 }
+
+// "Delete all N…" on a group's page that a later look has changed asks
+// about what the group holds now, and says that it changed.
+func TestGroupPageSaysWhatChanged(t *testing.T) {
+	topo := topology(t)
+	fill(t, topo, []failure{{"customer", 3, threeKinds[0].cause}})
+	s := serve(t, Config{Queues: []string{topo.DLQ()}})
+	c := s.signIn(t)
+	id := groupIDs(t, c)[customerGroup]
+	_, page := c.get("/group?q=" + url.QueryEscape(topo.DLQ()) + "&g=" + id)
+	m := regexp.MustCompile(`name="listed" value="([0-9a-f]+)"`).FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("the group page's form does not carry what it lists:\n%s", page)
+	}
+	fill(t, topo, []failure{{"customer-later", 2, threeKinds[0].cause}})
+	c.post("/look", url.Values{"q": {topo.DLQ()}})
+	resp, body := c.post("/act", url.Values{"q": {topo.DLQ()}, "g": {id}, "op": {"delete-group"}, "listed": {m[1]}, "n": {"3"}})
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "Delete 5 messages from") || !strings.Contains(body, "(3 then, 5 now)") {
+		t.Fatalf("a delete from a page that listed 3: %s\n%s", resp.Status, body)
+	}
+	if d := brokertest.Depth(t, topo.DLQ()); d != 5 {
+		t.Fatalf("the DLQ holds %d before any confirmation, want 5", d)
+	}
+}
