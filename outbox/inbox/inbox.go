@@ -104,7 +104,7 @@ func WithConsumerName(name string) Option {
 // do not set MessageId (a business id in a header, say). Default: the
 // delivery's MessageId. An error from key is returned as it is (mark it
 // Permanent if retrying cannot help); an empty key is ErrNoMessageID. A key
-// over 1 KiB is recorded by its SHA-256, since PostgreSQL cannot index one
+// over 2 KiB is recorded by its SHA-256, since PostgreSQL cannot index one
 // much longer.
 func WithKey(key func(*amqp.Delivery) (string, error)) Option {
 	return func(c *config) {
@@ -270,26 +270,27 @@ func storable(s string) bool { return utf8.ValidString(s) && !strings.Contains(s
 // delivery. The consumer's name is stored the same way: WithConsumerName
 // refuses a name text cannot hold, but a queue's name comes from the broker.
 //
-// A key longer than maxStoredKey is stored as the prefix, "sha256:" and its
+// A key whose stored form is longer than maxStoredKey is stored as the prefix, "sha256:" and its
 // SHA-256 in hex: PostgreSQL refuses a btree entry over about 2.7 KB, so such
 // a key's insert would fail on every delivery. Neither other form can start
 // that way (hex digits follow the prefix; a verbatim key never starts with
 // it), so a hashed key collides with no other.
 func storedKey(key string) string {
-	if len(key) > maxStoredKey {
+	stored := key
+	if !storable(key) || strings.HasPrefix(key, escapedPrefix) {
+		stored = escapedPrefix + hex.EncodeToString([]byte(key))
+	}
+	if len(stored) > maxStoredKey {
 		sum := sha256.Sum256([]byte(key))
 		return escapedPrefix + "sha256:" + hex.EncodeToString(sum[:])
 	}
-	if storable(key) && !strings.HasPrefix(key, escapedPrefix) {
-		return key
-	}
-	return escapedPrefix + hex.EncodeToString([]byte(key))
+	return stored
 }
 
-// maxStoredKey is the longest key stored as it is (or escaped, at twice its
-// length): with a consumer name of up to 255 bytes (a queue's), also
-// escaped, the primary key's entry stays under PostgreSQL's btree limit.
-const maxStoredKey = 1024
+// maxStoredKey is the longest stored form of a key that is not hashed: with
+// a consumer name of up to 255 bytes (a queue's), escaped at worst, the
+// primary key's entry stays under PostgreSQL's btree limit (2704 bytes).
+const maxStoredKey = 2048
 
 // shown is key as errors and logs quote it: bounded.
 func shown(key string) string {
