@@ -16,7 +16,9 @@ import (
 // with its Go type, outermost first, since a Go error has no stack.
 func StackTrace(err error) string {
 	if pe, ok := errtree.As[*middleware.PanicError](err); ok {
-		return fmt.Sprintf("panic: %v\n\n%s", pe.Value, pe.Stack)
+		// The value is x-exception-message's too: here it is cut short, so
+		// that a huge one leaves room for the frames.
+		return fmt.Sprintf("panic: %s\n\n%s", cut(fmt.Sprint(pe.Value), maxPanicValue), pe.Stack)
 	}
 	w := chainWriter{}
 	w.b.Grow(256) // a chain of a few errors, in one allocation
@@ -30,6 +32,8 @@ const (
 	maxChainDepth = 32
 	maxChainNodes = 64
 	maxChainLine  = 1000
+	// maxPanicValue bounds a panic's value in its stack trace.
+	maxPanicValue = 4096
 )
 
 type chainWriter struct {
@@ -75,8 +79,9 @@ func ErrorString(err error) string { return errtext.String(err) }
 
 // fitFaultText makes the exception message and stack trace fit in room bytes
 // of header table, their own keys and type tags included: it cuts the stack
-// trace first, then the message. Both come back valid UTF-8. It fails only
-// when room cannot hold even the two empty headers.
+// trace first, down to half the room, then the message; a cut text ends in
+// a marker saying how much was cut. Both come back valid UTF-8. It fails
+// only when room cannot hold even the two empty headers.
 func fitFaultText(room int, message, stack string, withStack bool) (string, string, error) {
 	message = strings.ToValidUTF8(message, "\uFFFD")
 	stack = strings.ToValidUTF8(stack, "\uFFFD")
@@ -92,7 +97,10 @@ func fitFaultText(room int, message, stack string, withStack bool) (string, stri
 	if len(message)+len(stack) <= room {
 		return message, stack, nil
 	}
-	stack = cut(stack, max(room-len(message), 0))
+	// The stack gives way first, but keeps at least half the room (or all
+	// it needs), so that a huge message does not leave it empty: a cut
+	// text always has room for its marker when the room holds two.
+	stack = cut(stack, max(room-len(message), min(len(stack), room/2)))
 	message = cut(message, room-len(stack))
 	return message, stack, nil
 }

@@ -22,7 +22,8 @@ func TestFitFaultText(t *testing.T) {
 	}{
 		{"fits", overhead + 10, "boom", "st", "boom", "st"},
 		{"stack cut first", overhead + 100, "boom", long, "boom", cut(long, 96)},
-		{"then the message", overhead + 100, long, long, cut(long, 100), ""},
+		{"then the message, the stack keeping half", overhead + 100, long, long, cut(long, 50), cut(long, 50)},
+		{"a short stack kept whole", overhead + 100, long, "st", cut(long, 98), "st"},
 		{"exactly full", overhead + 6, "boom", "st", "boom", "st"},
 	}
 	for _, tt := range tests {

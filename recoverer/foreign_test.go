@@ -95,3 +95,34 @@ func TestRepublishDropsHeadersItCannotWrite(t *testing.T) {
 		}
 	}
 }
+
+// A panic with a 3.5 MB value: the dead letter keeps the goroutine's frames,
+// with the value shortened inside them, and both fault headers end in a cut
+// marker (issue 41, item 4). The stack trace used to be "" and the message
+// all of the room, with no marker in the stack.
+func TestHugePanicKeepsItsFramesAndMarkers(t *testing.T) {
+	work, dlx, dlq := topology(t)
+	pub := newPublisher(t, brokertest.URL())
+	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("x")})
+	huge := strings.Repeat("v", 3_500_000)
+	panicking := func(context.Context, *amqp.Delivery) error { panic(huge) }
+	s, err := handleOne(t, work, middleware.Chain(retryFast(1), middleware.Recover(recoverer.Republish(pub, dlx, "")), middleware.CatchPanics()), panicking)
+	if s != chainrun.Ack {
+		t.Fatalf("settled %v (%v), want ack", s, err)
+	}
+	d, ok := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), dlq)
+	if !ok {
+		t.Fatal("nothing on the DLQ")
+	}
+	stack, _ := d.Headers[recoverer.HeaderExceptionStacktrace].(string)
+	message, _ := d.Headers[recoverer.HeaderExceptionMessage].(string)
+	if !strings.Contains(stack, "goroutine ") || !strings.Contains(stack, "TestHugePanicKeepsItsFramesAndMarkers") {
+		t.Errorf("the stack trace (%d bytes) lost the frames: %.300q", len(stack), stack)
+	}
+	if !strings.Contains(stack, "…[cut ") {
+		t.Errorf("the stack trace (%d bytes) has no cut marker", len(stack))
+	}
+	if !strings.HasSuffix(message, " bytes]") || !strings.Contains(message, "…[cut ") {
+		t.Errorf("the message (%d bytes) does not end in a cut marker: …%q", len(message), message[max(0, len(message)-60):])
+	}
+}
