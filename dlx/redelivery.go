@@ -262,6 +262,12 @@ func (r *RedeliveryRecoverer) Recover(ctx context.Context, d *amqp.Delivery, cau
 	}
 }
 
+// RedeliversThroughBroker reports that the recoverer hands failures back
+// to the broker, which counts each as a delivery (x-delivery-count): a
+// listener refuses it with WithRedeliveryLimit, which counts the same
+// deliveries as crashes.
+func (r *RedeliveryRecoverer) RedeliversThroughBroker() bool { return true }
+
 // Last reports whether d is on its last delivery: the broker dead-letters
 // it if it fails again.
 func (r *RedeliveryRecoverer) Last(d *amqp.Delivery) bool {

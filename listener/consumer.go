@@ -652,7 +652,17 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) chainrun.Set
 			"queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag)
 		return settlement
 	}
-	if serr := c.acks.settle(dd.tag, settlement); serr != nil {
+	wire := settlement
+	if settlement == chainrun.Requeue && !redeliver && recoveryFailed(err) {
+		// The message failed, but what failed now is putting it somewhere
+		// safe (the DLQ publish timed out): it goes back with a nack, which
+		// RabbitMQ 4.3 does not count toward the delivery limit, so that the
+		// next delivery, after the requeue delay, tries the recovery again
+		// (a reject would use up a last delivery, and the broker would
+		// dead-letter the message itself, without its fault headers).
+		wire = chainrun.Release
+	}
+	if serr := c.acks.settle(dd.tag, wire); serr != nil {
 		l.cfg.logger.Debug("listener: delivery not settled; its channel is gone and the broker requeues it", "queue", l.queue, "delivery_tag", d.DeliveryTag, "error", serr)
 		return settlement
 	}
@@ -688,6 +698,17 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) chainrun.Set
 			"queue", l.queue, "message_id", d.MessageId, "error", errtext.String(err))
 	}
 	return settlement
+}
+
+// recoveryFailed reports whether err says the chain's recoverer could not
+// put the message somewhere safe (middleware.ErrRecoveryFailed).
+func recoveryFailed(err error) (yes bool) {
+	defer func() {
+		if recover() != nil { // an Is or Unwrap method of the user's error panicked
+			yes = false
+		}
+	}()
+	return errors.Is(err, middleware.ErrRecoveryFailed)
 }
 
 // redeliversThroughBroker reports whether a recoverer handed the message

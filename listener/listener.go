@@ -167,6 +167,13 @@ func newListener(who, queue string, mw middleware.Middleware, h middleware.Handl
 				"or raise consumer_timeout and WithConsumerTimeout together",
 				wait, what, cfg.consumerTimeout)
 		}
+		if r, ok := survey.Recoverer.(interface{ RedeliversThroughBroker() bool }); ok && cfg.redeliveryLimit > 0 && r.RedeliversThroughBroker() {
+			cfg.fail("WithRedeliveryLimit(%d) counts every delivery of the queue (x-delivery-count), and the chain's recoverer (dlx's Redeliver, "+
+				"for a Topology with DelayedRedelivery) hands each failure back to the broker, which counts it too: the limit would cut the "+
+				"broker's redeliveries short and dead-letter a failing message as one that crashes the process. Leave WithRedeliveryLimit out: "+
+				"the topology's x-delivery-limit already bounds a message that crashes the process, and the last delivery dead-letters a "+
+				"failing one with the handler's error", cfg.redeliveryLimit)
+		}
 		if d := survey.TimeoutAroundRecover; d > 0 {
 			cfg.fail("the middleware has Timeout(%v) around Recover: once its deadline passes the recoverer cannot run (its context has ended), "+
 				"so the delivery would be requeued and run again for ever. Put Timeout innermost, next to the handler: "+
