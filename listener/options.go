@@ -213,7 +213,8 @@ func WithPrefetch(n int) Option {
 // that declare itself rejects (an invalid dlx.Topology, a layout the broker's
 // version cannot hold) ends Run with the error. A lost connection, or a 404
 // (a binding to an exchange another service may declare yet), is retried
-// with a backoff that grows until a connection gets as far as consuming.
+// with a backoff that grows until a connection gets as far as consuming; in
+// a Group, on the group's connection, with a backoff of the listener's own.
 func WithDeclare(declare func(ch *amqp.Channel) error) Option {
 	return func(c *config) {
 		if declare == nil {
