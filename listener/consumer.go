@@ -788,6 +788,16 @@ func (c *consumer) waitBeforeRequeue(dd *delivery) {
 	if delay <= 0 {
 		return
 	}
+	// The delivery is unsettled while it waits: never past the consumer
+	// timeout (less a tenth, for the broker's periodic check and the time
+	// the delivery spent in the prefetch before it was read), where the
+	// broker would take it back uncounted and the failure would not count.
+	timeout := c.sv.l.cfg.consumerTimeout
+	if left := timeout - timeout/10 - time.Duration(monotime()-dd.received); delay > left {
+		if delay = left; delay <= 0 {
+			return
+		}
+	}
 	dd.WillWait()
 	l := c.sv.l
 	l.tel.Parked.Add(c.ctx, 1, l.attrs.queue.Add...)

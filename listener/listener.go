@@ -167,6 +167,18 @@ func newListener(who, queue string, mw middleware.Middleware, h middleware.Handl
 				"or raise consumer_timeout and WithConsumerTimeout together",
 				wait, what, cfg.consumerTimeout)
 		}
+		// A failed delivery then waits for its requeue, unsettled too.
+		if hold := wait + cfg.requeueDelayMax; cfg.requeueDelay > 0 && hold >= cfg.consumerTimeout && wait < cfg.consumerTimeout {
+			if cfg.requeueDelaySet {
+				cfg.fail("WithRequeueDelay's max %v, after the middleware's retries (%v), may hold a failed delivery unsettled for %v, "+
+					"as long as the consumer timeout %v or longer: the broker would take it back uncounted at the timeout (RabbitMQ 4.3 "+
+					"cancels the consumer), and a message that always fails would never reach its delivery limit. Use a max below %v",
+					cfg.requeueDelayMax, wait, hold, cfg.consumerTimeout, (cfg.consumerTimeout-wait)/2)
+			} else {
+				cfg.requeueDelayMax = (cfg.consumerTimeout - wait) / 2
+				cfg.requeueDelay = min(cfg.requeueDelay, cfg.requeueDelayMax)
+			}
+		}
 		if r, ok := survey.Recoverer.(interface{ RedeliversThroughBroker() bool }); ok && cfg.redeliveryLimit > 0 && r.RedeliversThroughBroker() {
 			cfg.fail("WithRedeliveryLimit(%d) counts every delivery of the queue (x-delivery-count), and the chain's recoverer (dlx's Redeliver, "+
 				"for a Topology with DelayedRedelivery) hands each failure back to the broker, which counts it too: the limit would cut the "+

@@ -49,6 +49,7 @@ type config struct {
 	consumerTimeout time.Duration
 	requeueDelay    time.Duration
 	requeueDelayMax time.Duration
+	requeueDelaySet bool // WithRequeueDelay was given: New refuses a max that outlives the consumer timeout, where it caps the default's
 	scaleInterval   time.Duration
 	idleTimeout     time.Duration
 	drainTarget     time.Duration
@@ -277,13 +278,17 @@ func WithConsumerTimeoutArgument(d time.Duration) Option {
 // before it is requeued, so that a poison message without a recoverer comes
 // back once a second instead of a thousand times. The delay doubles with the
 // broker's x-delivery-count (quorum queues) up to max. Default 1s, 30s;
-// initial 0 turns the delay off.
+// initial 0 turns the delay off. The delivery stays unsettled while it
+// waits, so the wait counts toward the consumer timeout with the chain's:
+// New refuses a max that, added to the chain's waits, reaches the consumer
+// timeout (WithConsumerTimeout), and caps the default's to fit; each wait is
+// also cut to the time the delivery has left before the timeout.
 func WithRequeueDelay(initial, max time.Duration) Option {
 	return func(c *config) {
 		if initial < 0 || max < initial {
 			c.fail("WithRequeueDelay expects 0 <= initial <= max, got %v, %v", initial, max)
 		}
-		c.requeueDelay, c.requeueDelayMax = initial, max
+		c.requeueDelay, c.requeueDelayMax, c.requeueDelaySet = initial, max, true
 	}
 }
 
