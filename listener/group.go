@@ -81,7 +81,9 @@ func NewGroup(listeners []*Listener, opts ...Option) (*Group, error) {
 // (within its own WithShutdownTimeout, all at once) and Run returns nil.
 // What ends one listener's Run (a refused login or declaration, a consume
 // the broker refuses, a missing queue with WithMissingQueueFatal) shuts
-// the others down too, and Run returns that error. Every goroutine it
+// the others down too, and Run returns that error. A declaration that fails
+// for what may heal (a 404: an exchange not declared yet) is retried on the
+// connection with the listener's own backoff while the others consume. Every goroutine it
 // started has ended when it returns.
 func (g *Group) Run(ctx context.Context) error {
 	for i, l := range g.listeners {

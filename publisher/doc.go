@@ -45,6 +45,6 @@
 //
 // New checks the URL and every option before it dials, and one error names
 // each problem with its value (errors.Join), rather than the first alone.
-// A broker it cannot reach, or that refuses the login, fails New too, so that
+// A broker it cannot reach, or that refuses the login (ErrLoginRefused), fails New too, so that
 // a misconfiguration shows at startup. Nothing in the package panics.
 package publisher
