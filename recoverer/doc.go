@@ -31,7 +31,8 @@
 //
 // The republished copy keeps the body, every property (with persistent
 // delivery forced) and the application headers, minus the broker's own
-// (x-death, x-first-death-*, x-last-death-*, x-delivery-count). It gains
+// (x-death, x-first-death-*, x-last-death-*, x-delivery-count) and CC and BCC,
+// which the broker would route the copy to again. It gains
 // Spring AMQP's headers, so Spring-side DLQ tools read it:
 //
 //	x-exception-message     the handler's error message
@@ -51,6 +52,9 @@
 //	original-expiration  its per-message TTL, removed so it does not expire on the DLQ
 //	original-user-id     its user-id, removed when the publisher logs in as someone
 //	                     else, since RabbitMQ refuses a user-id that is not the sender's
+//	original-cc          its CC header, removed from the copy
+//	dropped-headers      its own headers left out: too large for the frame, or
+//	                     impossible to publish (nested too deep, of a type AMQP lacks)
 //
 // The stack trace and error messages can hold data from the message or the
 // process; turn the stack trace off with WithStackTrace(false) if the DLQ is
@@ -58,8 +62,11 @@
 //
 // All headers must fit in one AMQP frame. Republish keeps them within the
 // negotiated frame_max minus a headroom (20,000 bytes, as Spring does,
-// WithHeadroom changes it) by cutting the stack trace first, then the message,
-// on UTF-8 boundaries, ending each cut with a marker that says how much was cut.
+// WithHeadroom changes it) by cutting the stack trace first (down to half the
+// room; a panic's value is shortened inside it so that its frames stay), then
+// the message, on UTF-8 boundaries, ending each cut with a marker that says how
+// much was cut. The frame_max is the republisher's own connection's: a DLQ
+// consumer that negotiates a smaller one needs a larger headroom.
 // A headroom that leaves too little of the broker's frame_max is an error of
 // Recover, so the message is requeued, not a panic: frame_max is the broker's.
 //
