@@ -199,7 +199,6 @@ func (l *Listener) queueExists(conn *amqp.Connection) bool {
 // exists means: on RabbitMQ 4.3 quorum queues, a delivery outlived the
 // consumer timeout.
 func (l *Listener) tellConsumerCancelled(c *consumer) {
-	c.timedOut.Store(true)
 	setting := "the queue's x-consumer-timeout argument, a consumer-timeout policy, or consumer_timeout in rabbitmq.conf (30 minutes by default)"
 	if l.cfg.consumerTimeoutArg > 0 {
 		setting = fmt.Sprintf("x-consumer-timeout %v on the consumer (WithConsumerTimeoutArgument)", l.cfg.consumerTimeoutArg)

@@ -551,7 +551,7 @@ func (c *consumer) batchGoexited(run *batchRun) {
 		"instead of returning; its messages go back to the queue and the consumer goes on",
 		"queue", l.queue, "batch", len(run.dds))
 	for _, dd := range run.dds {
-		if c.timedOut.Load() {
+		if c.brokerCancelled.Load() {
 			c.acks.forget(dd.tag)
 		} else if err := c.acks.settle(dd.tag, chainrun.SettlementFor(errGoexit)); err == nil {
 			l.stats.requeued.Add(1)

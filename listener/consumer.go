@@ -44,7 +44,6 @@ type consumer struct {
 	stopping        atomic.Bool // the listener cancelled it: requeue what still arrives
 	holding         atomic.Bool // ... on an ordered queue: hold what still arrives for the channel's close to hand back (stopOrdered)
 	brokerCancelled atomic.Bool // the broker sent basic.cancel
-	timedOut        atomic.Bool // ... of a queue that exists: a consumer timeout
 
 	// careful: a consumer at prefetch 1 while returned messages come back
 	// (redelivery.go); it tells calm when a fresh one arrives.
@@ -163,11 +162,21 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 				l.tellConsumerTimeout(c, err)
 			}
 		case <-cancels:
+			// From the cancel itself nothing more is settled on this
+			// channel (settle and admit look at brokerCancelled): the queue
+			// is gone, or (RabbitMQ 4.3's consumer timeout) the broker has
+			// taken the deliveries back and gives them to another consumer,
+			// and a late ack there would settle messages it returned, or
+			// copies another consumer holds. Finding out which takes a round
+			// trip, and deliveries still in the client's buffer would be
+			// admitted and settled meanwhile.
 			c.brokerCancelled.Store(true)
+			c.acks.abandon() // the acks that wait are not written
+			cancel()
 			if l.queueExists(conn) {
 				l.tellConsumerCancelled(c)
-				c.acks.abandon() // the broker took back the deliveries whose acks wait
-				cancel()
+			} else {
+				l.cfg.logger.Warn("listener: the broker cancelled a consumer (queue deleted?)", "queue", l.queue, "consumer", c.tag)
 			}
 		case <-c.finished:
 			// finish closed the channel, or gave up waiting for the
@@ -233,7 +242,7 @@ func (c *consumer) stopOrdered() {
 				return
 			}
 		}
-		c.acks.close(!c.ch.IsClosed() && !c.timedOut.Load() && !c.brokerCancelled.Load())
+		c.acks.close(!c.ch.IsClosed() && !c.brokerCancelled.Load())
 		c.sv.closeBounded(c.ch.Close) // the reader finishes as the deliveries channel closes
 	}()
 }
@@ -409,12 +418,13 @@ func (c *consumer) read() {
 // admit takes in a delivery just read: it returns it in flight, or nil for
 // one that is not to be handled (nacked here, or left to the broker).
 func (c *consumer) admit(d *amqp.Delivery) *delivery {
-	if c.timedOut.Load() {
+	if c.brokerCancelled.Load() {
 		// The broker has taken back every unacked delivery of this
-		// consumer (a 4.3 consumer timeout) and gives them to another:
-		// handling them here would do the work twice, and settling them
-		// is worse than useless (on RabbitMQ 4.3.6 a late nack or reject
-		// here could make another of them count as a failed delivery).
+		// consumer (a 4.3 consumer timeout, or its queue is gone) and
+		// gives them to another: handling them here would do the work
+		// twice, and settling them is worse than useless (on RabbitMQ
+		// 4.3.6 a late nack or reject here could make another of them
+		// count as a failed delivery).
 		return nil
 	}
 	c.inFlight.Add(1) // before stopping is read: see stopOrdered
@@ -457,9 +467,7 @@ func (c *consumer) finish() {
 	if !c.stopping.Load() {
 		if c.ch.IsClosed() && !c.brokerCancelled.Load() {
 			l.cfg.logger.Warn("listener: consumer channel closed; its unacked deliveries go back to the queue", "queue", l.queue, "consumer", c.tag)
-		} else if !c.timedOut.Load() { // (a consumer timeout is told by the cancel watcher)
-			l.cfg.logger.Warn("listener: the broker cancelled a consumer (queue deleted?)", "queue", l.queue, "consumer", c.tag)
-		}
+		} // (a cancel from the broker is told by the cancel watcher)
 		select {
 		case c.ended <- c: // buffered for every consumer
 		default: // serve is gone with its connection: nobody replaces anything
@@ -473,7 +481,7 @@ func (c *consumer) finish() {
 	c.pending.Wait()
 	// The handled deliveries whose acks wait go now, before the channel
 	// closes, unless the channel is gone or the broker took them back.
-	c.acks.close(!c.ch.IsClosed() && !c.timedOut.Load())
+	c.acks.close(!c.ch.IsClosed() && !c.brokerCancelled.Load())
 	c.cancel()
 	c.sv.closeBounded(c.ch.Close)
 	if c.forget != nil {
@@ -645,8 +653,9 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) chainrun.Set
 	if settlement == chainrun.Requeue && !redeliver {
 		c.waitBeforeRequeue(dd)
 	}
-	if c.timedOut.Load() {
-		// The broker took it back when the consumer timed out (see read).
+	if c.brokerCancelled.Load() {
+		// The broker took it back when it cancelled the consumer (see
+		// admit).
 		c.acks.forget(dd.tag)
 		l.cfg.logger.Debug("listener: delivery not settled; the broker took it back at the consumer timeout and redelivers it",
 			"queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag)
@@ -731,7 +740,7 @@ func (c *consumer) goexited(dd *delivery) {
 	l.cfg.logger.Error("listener: a handler ended its goroutine with runtime.Goexit (t.FailNow or log.Fatal's kin in a handler?) "+
 		"instead of returning; its message goes back to the queue and the consumer goes on",
 		"queue", l.queue, "message_id", dd.MessageId, "delivery_tag", dd.DeliveryTag)
-	if c.timedOut.Load() {
+	if c.brokerCancelled.Load() {
 		c.acks.forget(dd.tag)
 	} else if err := c.acks.settle(dd.tag, chainrun.SettlementFor(errGoexit)); err == nil {
 		l.stats.requeued.Add(1)
