@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -252,7 +253,7 @@ func (r *RedeliveryRecoverer) Recover(ctx context.Context, d *amqp.Delivery, cau
 			return r.tiers.Recover(ctx, d, cause)
 		}
 	}
-	if middleware.IsPermanent(cause) || r.Last(d) {
+	if middleware.IsPermanent(cause) || r.Last(d) || r.expiresInDelay(d) {
 		return r.dlq.Recover(ctx, d, cause)
 	}
 	return &redeliveryError{
@@ -260,6 +261,24 @@ func (r *RedeliveryRecoverer) Recover(ctx context.Context, d *amqp.Delivery, cau
 		of:       r.t.DelayedRedelivery.Redeliveries + 1,
 		wait:     r.t.DelayedRedelivery.Delay(Deliveries(d)),
 	}
+}
+
+// expiresInDelay reports whether d's per-message TTL (its expiration, in
+// milliseconds) is no longer than the broker's wait before its next
+// delivery: it would expire inside the delay and reach the DLQ as "expired",
+// without its fault headers and unseen by the listener, so the recoverer
+// dead-letters it now instead. (The TTL runs from when the message was
+// queued, so one that has waited already may have less left: the whole TTL
+// is the most it can have.)
+func (r *RedeliveryRecoverer) expiresInDelay(d *amqp.Delivery) bool {
+	if d == nil || d.Expiration == "" {
+		return false
+	}
+	ttl, err := strconv.ParseInt(d.Expiration, 10, 64)
+	if err != nil || ttl < 0 {
+		return false // not a TTL the broker would have taken either
+	}
+	return time.Duration(ttl)*time.Millisecond <= r.t.DelayedRedelivery.Delay(Deliveries(d))
 }
 
 // RedeliversThroughBroker reports that the recoverer hands failures back
