@@ -29,10 +29,10 @@ func TestFailuresAreRejectsAndReturnsAreNacks(t *testing.T) {
 		q, proxy, url := recordedQueue(t)
 		var calls atomic.Int64
 		r := start(t, q, nil, func(context.Context, *amqp.Delivery) error { calls.Add(1); return errors.New("boom") },
-			listener.WithURL(url), listener.WithRequeueDelay(time.Hour, time.Hour))
+			listener.WithURL(url), listener.WithRequeueDelay(10*time.Minute, 10*time.Minute))
 		publishN(t, q, 1)
 		brokertest.Eventually(t, 10*time.Second, "the failure settled", func() bool { return proxy.Sent("basic.reject") == 1 })
-		// The redelivery fails too and waits an hour before its requeue:
+		// The redelivery fails too and waits ten minutes before its requeue:
 		// nothing else is settled until Stop, which may nack what it hands back.
 		if n := proxy.Sent("basic.nack"); n != 0 {
 			t.Errorf("%d nacks for a handler failure, want a reject", n)
