@@ -286,7 +286,28 @@ func (l *Listener) Run(ctx context.Context) error {
 		err = fatal.err
 	}
 	l.ready.stop(err)
+	if ctx.Err() != nil {
+		sv.draining() // (if it ended between connections)
+		st := l.Stats()
+		l.cfg.logger.Info("listener: stopped", "queue", l.queue, "handled", st.Handled-sv.drain.handled,
+			"handed_back", st.Requeued-sv.drain.requeued, "took", time.Since(sv.drain.began).Round(time.Millisecond))
+	}
 	return err
+}
+
+// draining marks the start of a graceful shutdown, once: readiness goes
+// false at once (a probe must stop routing to a listener that is stopping,
+// not wait for its handlers), and the log says so.
+func (sv *supervisor) draining() {
+	if !sv.drain.began.IsZero() {
+		return
+	}
+	l := sv.l
+	st := l.Stats()
+	sv.drain.began, sv.drain.handled, sv.drain.requeued = time.Now(), st.Handled, st.Requeued
+	l.ready.consuming(false)
+	l.cfg.logger.Info("listener: draining: consuming stops, handlers running may finish within the shutdown timeout",
+		"queue", l.queue, "in_flight", st.InFlight, "running", st.Running, "shutdown_timeout", l.cfg.shutdownTimeout)
 }
 
 // newSupervisor prepares one run of l until ctx is done.
@@ -312,6 +333,12 @@ type supervisor struct {
 	consumed       bool           // the current connection has started a consumer (loop's and serve's goroutine only)
 	lostAt         time.Time      // when a connection that had started consumers was lost (serve's goroutine only)
 	closers        sync.WaitGroup // channel and connection closes still waiting for the broker (closeBounded)
+	// drain is when a graceful shutdown began and the counts then (Run's
+	// and serve's goroutine, one after the other).
+	drain struct {
+		began             time.Time
+		handled, requeued uint64
+	}
 }
 
 // closeWait bounds how long a shutdown waits for the broker's close-ok to a

@@ -77,6 +77,7 @@ func (sv *supervisor) serveOn(ctx context.Context, conn *amqpconn.Conn) (err err
 	for {
 		select {
 		case <-ctx.Done():
+			sv.draining()
 			// Stop every consumer before interrupting: deliveries requeued by
 			// the interrupt must not come back to consumers of ours.
 			for _, c := range s.active {
