@@ -149,7 +149,9 @@ func (b *batchConfig) check(cfg *config) {
 		cfg.fail("NewBatch: a batch size of %d needs WithPrefetch(%d) or more, got a prefetch of %d: "+
 			"the broker sends a consumer no more than its prefetch of unacked messages, so no batch could fill", b.size, b.size, cfg.prefetch)
 	}
-	if cfg.coalesceAcks == 0 && b.size >= 2 {
+	if cfg.coalesceAcks == 0 && b.size >= 2 && (cfg.prefetch == 0 || b.size <= cfg.prefetch) {
+		// (A size past the prefetch is refused above, naming WithPrefetch:
+		// not WithAckCoalescing, which the user did not pass.)
 		// A batch's successes go out as one multiple ack: they are settled
 		// one after another, so the last completes the run at once.
 		cfg.coalesceAcks, cfg.coalesceDelay = b.size, batchAckDelay

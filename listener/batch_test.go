@@ -427,6 +427,11 @@ func TestNewBatchRejectsBadArguments(t *testing.T) {
 					t.Errorf("error %q lacks %q", err, want)
 				}
 			}
+			// Only what the user passed is named (the batch's own ack
+			// coalescing is not WithAckCoalescing).
+			if strings.Contains(err.Error(), "WithAckCoalescing") {
+				t.Errorf("error %q names WithAckCoalescing, which was not passed", err)
+			}
 		})
 	}
 	if _, err := listener.NewBatch("q", nil, h, 250, time.Second); err != nil {
