@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -10,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqpretry/amqpretry/internal/brokertest"
+	"github.com/amqpretry/amqpretry/internal/faultproxy"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
@@ -164,5 +168,46 @@ func TestListJSONShowsAMillisecondTimestamp(t *testing.T) {
 	}
 	if code, out, _ := amqpretry(t, "dlq", "list", topo.DLQ()); code != 0 || !strings.Contains(out, "node") {
 		t.Errorf("list: exit %d:\n%s", code, out)
+	}
+}
+
+// Over amqps:// too, the DLQ tools read past a message amqp091-go cannot
+// parse: amqp091-go does TLS above the socket it dials, so the guard sits
+// under a TLS connection made for it. The broker here is behind a
+// TLS-terminating proxy with a certificate the URL's cacertfile trusts.
+func TestDLQToolsCarryOnPastAnUnreadableDeadLetterOverTLS(t *testing.T) {
+	brokertest.Dial(t)
+	certFile, keyFile, _ := selfSigned(t)
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.StartTLS(brokertest.Addr(), &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	plain, err := proxy.URL(brokertest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	amqps := "amqps" + strings.TrimPrefix(plain, "amqp") + "?cacertfile=" + certFile
+
+	q := brokertest.Name(t, "dlq")
+	brokertest.Queue(t, q, nil)
+	brokertest.Publish(t, q, amqp.Publishing{MessageId: "before"},
+		amqp.Publishing{MessageId: "unreadable", Headers: amqp.Table{"deep": tooDeep()}},
+		amqp.Publishing{MessageId: "after"})
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"dlq", "list", q, "--json", "--url", amqps}, &stdout, &stderr)
+	var msgs []map[string]any
+	if err := json.Unmarshal(stdout.Bytes(), &msgs); code != 0 || err != nil || len(msgs) != 3 {
+		t.Fatalf("list --json over TLS: exit %d (%s), %v:\n%s", code, stderr.String(), err, stdout.String())
+	}
+	if msgs[1]["unreadable_headers"] == nil || msgs[2]["message_id"] != "after" {
+		t.Errorf("list --json over TLS: %v", msgs)
+	}
+	if n := brokertest.Depth(t, q); n != 3 {
+		t.Errorf("the queue holds %d, want its 3 messages back", n)
 	}
 }

@@ -289,7 +289,7 @@ func parse(fs *flag.FlagSet, args []string) (string, error) {
 func withChannel(urls []string, f func(*amqp.Channel) error) error {
 	// Guarded: a message whose headers amqp091-go cannot parse arrives
 	// marked instead of closing the connection, and the tools carry on past
-	// it (amqp:// only; see docs/limitations.md).
+	// it (see docs/limitations.md).
 	conn, err := amqpconn.Dial(context.Background(), amqpconn.Config{URLs: urls, DialTimeout: 10 * time.Second, Guard: framecheck.Guard})
 	if err != nil {
 		return fmt.Errorf("connect to %w", err) // err names the address

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,9 +42,9 @@ type Config struct {
 	DialTimeout time.Duration
 	// Name is the connection name the broker shows; "" sends none.
 	Name string
-	// Guard, when set, wraps the socket of an amqp:// connection under
-	// amqp091-go (framecheck.Guard); amqps:// connections are not wrapped,
-	// since amqp091-go does the TLS above the socket.
+	// Guard, when set, wraps the connection's stream under amqp091-go
+	// (framecheck.Guard): the socket, or for amqps:// the TLS connection
+	// above it, which Dial then makes itself.
 	Guard func(net.Conn) net.Conn
 }
 
@@ -272,11 +274,29 @@ func TLSRefused(err error) (url string, cause error) {
 // and the handshakes, and gives up as soon as ctx ends; config.Dial is
 // replaced.
 func dial(ctx context.Context, url string, config amqp.Config, dialTimeout time.Duration, guard func(net.Conn) net.Conn) (*Conn, error) {
-	if uri, err := amqpurl.Parse(url); err != nil || uri.Scheme == "amqps" {
-		guard = nil
+	// amqp091 runs TLS above the socket Dial returns, where a guard would
+	// see only ciphertext: for a guarded amqps:// connection the TLS is done
+	// here, under the guard, and amqp091 is given the URL as amqp://.
+	var guardedTLS *tls.Config
+	tlsAddr := ""
+	if guard != nil {
+		uri, err := amqpurl.Parse(url)
+		switch {
+		case err != nil:
+			guard = nil
+		case uri.Scheme == "amqps":
+			if guardedTLS, err = tlsConfig(uri, config.TLSClientConfig); err != nil {
+				return nil, err
+			}
+			tlsAddr = net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
+			url = "amqp" + url[len("amqps"):]
+		}
 	}
 	c := &Conn{}
 	config.Dial = func(network, addr string) (net.Conn, error) {
+		if guardedTLS != nil {
+			addr = tlsAddr // amqps's port, not amqp's default
+		}
 		d := net.Dialer{Timeout: dialTimeout}
 		raw, err := d.DialContext(ctx, network, addr)
 		if err != nil {
@@ -291,6 +311,14 @@ func dial(ctx context.Context, url string, config amqp.Config, dialTimeout time.
 		c.mu.Lock()
 		c.raw = raw
 		c.mu.Unlock()
+		if guardedTLS != nil {
+			tc := tls.Client(raw, guardedTLS)
+			if err := tc.HandshakeContext(ctx); err != nil {
+				_ = raw.Close()
+				return nil, err
+			}
+			return guard(tc), nil
+		}
 		if guard != nil {
 			return guard(raw), nil
 		}
@@ -319,6 +347,35 @@ func dial(ctx context.Context, url string, config amqp.Config, dialTimeout time.
 	}
 	c.Connection = conn
 	return c, nil
+}
+
+// tlsConfig is the TLS config amqp091 would use for uri: given's (a copy),
+// else one from the URL's cacertfile, certfile, keyfile and
+// server_name_indication; the server name is the URL's host unless set.
+func tlsConfig(uri amqp.URI, given *tls.Config) (*tls.Config, error) {
+	cfg := given.Clone()
+	if cfg == nil {
+		cfg = &tls.Config{ServerName: uri.ServerName, MinVersion: tls.VersionTLS12}
+		if uri.CACertFile != "" {
+			pem, err := os.ReadFile(uri.CACertFile)
+			if err != nil {
+				return nil, fmt.Errorf("read CA certificate: %w", err)
+			}
+			cfg.RootCAs = x509.NewCertPool()
+			cfg.RootCAs.AppendCertsFromPEM(pem)
+		}
+		if uri.CertFile != "" && uri.KeyFile != "" {
+			cert, err := tls.LoadX509KeyPair(uri.CertFile, uri.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("load client certificate: %w", err)
+			}
+			cfg.Certificates = []tls.Certificate{cert}
+		}
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName = uri.Host
+	}
+	return cfg, nil
 }
 
 // Abandon closes the socket under the connection at once, unblocking any
