@@ -37,6 +37,7 @@ func Guard(c net.Conn) net.Conn { return &guarded{Conn: c} }
 type guarded struct {
 	net.Conn
 	in, out []byte // read from c, not yet a whole frame; ready for the caller
+	buf     []byte // for reads from c
 	started bool
 	through bool // not AMQP frames (a protocol header refusal): pass as is
 }
@@ -50,9 +51,11 @@ func (g *guarded) Read(p []byte) (int, error) {
 		if !g.through && g.frame() {
 			continue
 		}
-		buf := make([]byte, 32*1024)
-		n, err := g.Conn.Read(buf)
-		g.in = append(g.in, buf[:n]...)
+		if g.buf == nil {
+			g.buf = make([]byte, 32*1024)
+		}
+		n, err := g.Conn.Read(g.buf)
+		g.in = append(g.in, g.buf[:n]...)
 		if !g.started && len(g.in) > 0 {
 			g.started = true
 			g.through = g.in[0] == 'A' // "AMQP" and a version: the broker refuses ours

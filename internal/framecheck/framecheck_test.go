@@ -139,3 +139,36 @@ func TestRewriteLeavesOtherFramesAlone(t *testing.T) {
 		t.Errorf("a truncated string: %q", p)
 	}
 }
+
+// Bodies of many frames, and many messages at once, pass the guard byte for
+// byte.
+func TestGuardPassesLargeBodies(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	big := []byte(strings.Repeat("0123456789", 300_000)) // 3 MB: 23 frames at the default frame_max
+	var msgs []amqp.Publishing
+	for i := range 50 {
+		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprint(i), Body: []byte(fmt.Sprint("small ", i))})
+	}
+	msgs = append(msgs, amqp.Publishing{MessageId: "big", Body: big, Headers: amqp.Table{"h": nestedTables(33)}})
+	brokertest.Publish(t, q, msgs...)
+	ch := brokertest.Channel(t, dialGuarded(t))
+	if err := ch.Qos(100, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(q, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range msgs {
+		select {
+		case d := <-deliveries:
+			if d.MessageId != want.MessageId || string(d.Body) != string(want.Body) {
+				t.Fatalf("delivery %d: id %q, %d bytes; want %q, %d bytes", i, d.MessageId, len(d.Body), want.MessageId, len(want.Body))
+			}
+			_ = d.Ack(false)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("delivery %d did not come", i)
+		}
+	}
+}
