@@ -60,8 +60,16 @@ func (h *handlings) ids(who string) []int {
 // has finished, and takes the rest in queue order. Messages keep arriving
 // during the shutdown, as they do in production.
 func TestSingleActiveShutdownHandsOverInOrder(t *testing.T) {
-	for _, typ := range []dlx.QueueType{dlx.Classic, dlx.Quorum} {
-		t.Run(string(typ), func(t *testing.T) {
+	for _, tc := range []struct {
+		typ      dlx.QueueType
+		coalesce bool // WithAckCoalescing: the acks that wait are written before the channel closes
+	}{{dlx.Classic, false}, {dlx.Quorum, false}, {dlx.Quorum, true}} {
+		typ := tc.typ
+		name := string(typ)
+		if tc.coalesce {
+			name += ", acks coalesced"
+		}
+		t.Run(name, func(t *testing.T) {
 			q := brokertest.Name(t, "orders")
 			topo := sacTopology(t, q, typ)
 			const first, holdAt, total = 10, 10, 30
@@ -80,8 +88,12 @@ func TestSingleActiveShutdownHandsOverInOrder(t *testing.T) {
 				}
 			}
 			newListener := func(who string) (*listener.Listener, context.CancelFunc, chan error) {
-				l, err := listener.New(q, nil, handler(who), listener.WithURL(brokertest.URL()), listener.WithDeclare(topo.Declare),
-					listener.WithPrefetch(10), listener.WithShutdownTimeout(10*time.Second), listener.WithConsumerTagPrefix(who), logTo(t, false))
+				opts := []listener.Option{listener.WithURL(brokertest.URL()), listener.WithDeclare(topo.Declare),
+					listener.WithPrefetch(10), listener.WithShutdownTimeout(10 * time.Second), listener.WithConsumerTagPrefix(who), logTo(t, false)}
+				if tc.coalesce {
+					opts = append(opts, listener.WithAckCoalescing(5, time.Second))
+				}
+				l, err := listener.New(q, nil, handler(who), opts...)
 				if err != nil {
 					t.Fatal(err)
 				}
