@@ -385,8 +385,8 @@ func TestSchemaIsWhatMigrateRuns(t *testing.T) {
 	if err := db.QueryRow(`SELECT count(*) FROM pg_indexes WHERE schemaname = $1`, schema).Scan(&indexes); err != nil {
 		t.Fatal(err)
 	}
-	if indexes != 4 {
-		t.Fatalf("%d indexes, want 4 (primary key, pending, sent, failed)", indexes)
+	if indexes != 5 {
+		t.Fatalf("%d indexes, want 5 (primary key, pending, due, sent, failed)", indexes)
 	}
 }
 

@@ -231,6 +231,9 @@ type worker struct {
 	r         *Relay
 	grace     context.Context
 	slots     chan struct{} // one per publish under way
+	jobs      chan job      // to the publishing goroutines
+	limit     int           // WithConcurrency
+	started   int           // publishing goroutines; dispatch's alone
 	publishes sync.WaitGroup
 	bytes     atomic.Int64  // message bytes of the publishes under way
 	freed     chan struct{} // a publish ended: bytes went down
@@ -251,6 +254,8 @@ func (r *Relay) startWorker(grace, keep context.Context) *worker {
 		r:        r,
 		grace:    grace,
 		slots:    make(chan struct{}, limit),
+		jobs:     make(chan job),
+		limit:    limit,
 		freed:    make(chan struct{}, 1),
 		outcomes: make(chan *claimed, r.cfg.batchSize),
 		recorded: make(chan struct{}),
@@ -262,6 +267,7 @@ func (r *Relay) startWorker(grace, keep context.Context) *worker {
 // stop waits for the publishes under way (each ends by its timeout, or with
 // grace) and for the recorder to write their outcomes.
 func (w *worker) stop() {
+	close(w.jobs)
 	w.publishes.Wait()
 	close(w.outcomes)
 	<-w.recorded
@@ -298,7 +304,7 @@ func (w *worker) record(keep context.Context) {
 // found the publisher closed or without a connection.
 //
 // The claim sets the rows' claim to a token of its own and their
-// next_retry_at to the lease's end, so no relay takes them while it lasts;
+// leased_until to the lease's end, so no relay takes them while it lasts;
 // every later statement on them names the token, so once the lease has
 // lapsed and another relay has claimed a row, nothing this worker learns is
 // written to it.
@@ -379,28 +385,52 @@ func (w *worker) dispatch(ctx context.Context, b *batch) {
 			w.handBack(b.rows[i:])
 			return
 		}
-		timeout := min(r.cfg.publishTimeout, left)
-		size := int64(len(c.msg.Body))
-		w.bytes.Add(size)
+		j := job{c: c, timeout: min(r.cfg.publishTimeout, left), size: int64(len(c.msg.Body))}
+		w.bytes.Add(j.size)
 		c.attempted = true
-		w.publishes.Add(1)
-		go func() {
-			defer w.publishes.Done()
-			c.result = r.publishOne(w.grace, c, timeout)
-			c.cut = w.grace.Err() != nil && errors.Is(c.result, context.Canceled)
-			c.msg = amqp.Publishing{} // the recorder needs none of it
-			w.noteHalt(c)
-			w.bytes.Add(-size)
+		// The publishing goroutines live as long as the worker: one
+		// started per row would grow its stack anew on every publish.
+		if w.started < w.limit {
 			select {
-			case w.freed <- struct{}{}:
+			case w.jobs <- j: // an idle one takes it
+				continue
 			default:
 			}
-			// The slot is held until the recorder takes the outcome: a
-			// database slower than the broker slows the publishing down
-			// rather than piling outcomes up.
-			w.outcomes <- c
-			<-w.slots
-		}()
+			w.started++
+			w.publishes.Add(1)
+			go w.publishLoop(j)
+			continue
+		}
+		w.jobs <- j // the slot held means one is idle, or about to be
+	}
+}
+
+// job is a row to publish, with its publish's timeout.
+type job struct {
+	c       *claimed
+	timeout time.Duration
+	size    int64
+}
+
+// publishLoop publishes j, then the jobs that follow, until stop.
+func (w *worker) publishLoop(j job) {
+	defer w.publishes.Done()
+	for ok := true; ok; j, ok = <-w.jobs {
+		c := j.c
+		c.result = w.r.publishOne(w.grace, c, j.timeout)
+		c.cut = w.grace.Err() != nil && errors.Is(c.result, context.Canceled)
+		c.msg = amqp.Publishing{} // the recorder needs none of it
+		w.noteHalt(c)
+		w.bytes.Add(-j.size)
+		select {
+		case w.freed <- struct{}{}:
+		default:
+		}
+		// The slot is held until the recorder takes the outcome: a
+		// database slower than the broker slows the publishing down
+		// rather than piling outcomes up.
+		w.outcomes <- c
+		<-w.slots
 	}
 }
 
@@ -494,20 +524,7 @@ type queryer interface {
 func (r *Relay) claim(ctx context.Context, db queryer, token int64, lease time.Duration, budget int64) (rows []*claimed, found int, err error) {
 	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	rs, err := db.QueryContext(qctx, `WITH due AS (
-	SELECT id, octet_length(body) + octet_length(properties) AS size
-	FROM `+r.cfg.table.Quoted+`
-	WHERE status = 'in_flight' AND next_retry_at <= now()
-	ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
-), fit AS (
-	SELECT id FROM (SELECT id, sum(size) OVER (ORDER BY id) AS total, row_number() OVER (ORDER BY id) AS n FROM due) s
-	WHERE n = 1 OR total <= $2::bigint
-)
-UPDATE `+r.cfg.table.Quoted+` AS t
-SET claim = $3, next_retry_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
-FROM fit WHERE t.id = fit.id
-RETURNING t.id, t.message_id, t.exchange, t.routing_key, t.retried_count, t.properties, t.body, (SELECT count(*) FROM due)`,
-		r.cfg.batchSize, budget, token, lease.Milliseconds())
+	rs, err := db.QueryContext(qctx, r.claimSQL(), r.cfg.batchSize, budget, token, lease.Milliseconds())
 	if err != nil {
 		return nil, 0, pgsql.RedactErr(err)
 	}
@@ -528,6 +545,24 @@ RETURNING t.id, t.message_id, t.exchange, t.routing_key, t.retried_count, t.prop
 	}
 	slices.SortFunc(rows, func(a, b *claimed) int { return cmp.Compare(a.id, b.id) })
 	return rows, found, nil
+}
+
+// claimSQL is claim's statement: $1 the batch size, $2 the byte budget, $3
+// the token, $4 the lease in milliseconds.
+func (r *Relay) claimSQL() string {
+	return `WITH due AS (
+	SELECT id, octet_length(body) + octet_length(properties) AS size
+	FROM ` + r.cfg.table.Quoted + `
+	WHERE status = 'in_flight' AND next_retry_at <= now() AND (leased_until IS NULL OR leased_until <= now())
+	ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+), fit AS (
+	SELECT id FROM (SELECT id, sum(size) OVER (ORDER BY id) AS total, row_number() OVER (ORDER BY id) AS n FROM due) s
+	WHERE n = 1 OR total <= $2::bigint
+)
+UPDATE ` + r.cfg.table.Quoted + ` AS t
+SET claim = $3, leased_until = clock_timestamp() + $4::bigint * interval '1 millisecond'
+FROM fit WHERE t.id = fit.id
+RETURNING t.id, t.message_id, t.exchange, t.routing_key, t.retried_count, t.properties, t.body, (SELECT count(*) FROM due)`
 }
 
 func (r *Relay) publishOne(ctx context.Context, c *claimed, timeout time.Duration) (err error) {
@@ -645,7 +680,7 @@ func (r *Relay) write(keep context.Context, sent *[]sentRow, outcomes []outcome)
 		ids.WriteByte('}')
 		claims.WriteByte('}')
 		res, err := r.o.db.ExecContext(ctx, `UPDATE `+r.cfg.table.Quoted+` AS t
-		SET status = 'sent', sent_at = clock_timestamp(), next_retry_at = clock_timestamp(), last_error = NULL, claim = NULL
+		SET status = 'sent', sent_at = clock_timestamp(), last_error = NULL, claim = NULL, leased_until = NULL
 		FROM unnest($1::bigint[], $2::bigint[]) AS s(id, claim)
 		WHERE t.id = s.id AND t.claim = s.claim AND t.status = 'in_flight'`, ids.String(), claims.String())
 		if err != nil {
@@ -666,7 +701,8 @@ func (r *Relay) write(keep context.Context, sent *[]sentRow, outcomes []outcome)
 		}
 		_, err = r.o.db.ExecContext(ctx, `UPDATE `+r.cfg.table.Quoted+` AS t
 		SET retried_count = t.retried_count + o.tries, last_error = COALESCE(o.reason, t.last_error), status = o.status,
-		    next_retry_at = clock_timestamp() + o.delay_ms * interval '1 millisecond', claim = NULL
+		    next_retry_at = CASE WHEN o.tries > 0 THEN clock_timestamp() + o.delay_ms * interval '1 millisecond' ELSE t.next_retry_at END,
+		    claim = NULL, leased_until = NULL
 		FROM jsonb_to_recordset($1::jsonb) AS o(id bigint, claim bigint, tries integer, reason text, status text, delay_ms bigint)
 		WHERE t.id = o.id AND t.claim = o.claim AND t.status = 'in_flight'`, string(data))
 		if err != nil {
