@@ -3,6 +3,7 @@ package recoverer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -124,5 +125,36 @@ func TestHugePanicKeepsItsFramesAndMarkers(t *testing.T) {
 	}
 	if !strings.HasSuffix(message, " bytes]") || !strings.Contains(message, "…[cut ") {
 		t.Errorf("the message (%d bytes) does not end in a cut marker: …%q", len(message), message[max(0, len(message)-60):])
+	}
+}
+
+// A message with nearly 8,192 headers is readable; with the fault headers
+// added its copy would not be (amqp091-go refuses a table of more than
+// 8,192 entries), and whoever consumes the DLQ would lose its connection on
+// it. The copy drops enough of the message's own headers to stay readable,
+// and names them.
+func TestRepublishKeepsTheCopyReadableAt8192Headers(t *testing.T) {
+	work, dlx, dlq := topology(t)
+	pub := newPublisher(t, brokertest.URL())
+	headers := amqp.Table{}
+	for i := range 8190 {
+		headers[fmt.Sprint("h", i)] = int32(i)
+	}
+	brokertest.Publish(t, work, amqp.Publishing{Body: []byte("wide"), Headers: headers})
+	s, err := handleOne(t, work, middleware.Chain(retryFast(1), middleware.Recover(recoverer.Republish(pub, dlx, ""))),
+		failing(errors.New("boom")))
+	if s != chainrun.Ack {
+		t.Fatalf("settled %v (%v), want ack", s, err)
+	}
+	ch := brokertest.Channel(t, brokertest.Dial(t))
+	d, ok, err := ch.Get(dlq, true)
+	if err != nil || !ok {
+		t.Fatalf("the dead letter cannot be read: ok=%v err=%v", ok, err)
+	}
+	if len(d.Headers) > 8192 || d.Headers[recoverer.HeaderExceptionMessage] != "boom" {
+		t.Errorf("%d headers, exception %v", len(d.Headers), d.Headers[recoverer.HeaderExceptionMessage])
+	}
+	if list, _ := d.Headers["x-amqpretry-dropped-headers"].(string); list == "" {
+		t.Error("no dropped-headers list")
 	}
 }

@@ -246,6 +246,11 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	if len(unwritable) > 0 {
 		headers[keys.droppedHeaders] = droppedList(unwritable, keys.droppedHeaders)
 	}
+	// amqp091-go reads at most MaxEntries headers: a copy that the fault
+	// text pushes past them could not be read off the DLQ.
+	if len(headers)+laterEntries > amqptable.MaxEntries {
+		headers, unwritable = dropToCount(headers, amqptable.MaxEntries-laterEntries, keys.droppedHeaders, r.ownKeys(), unwritable)
+	}
 	stack := ""
 	if r.cfg.stackTrace {
 		stack = StackTrace(cause)
@@ -331,6 +336,34 @@ func dropToFit(headers amqp.Table, budget int, listKey string, ours map[string]b
 	}
 	out[listKey] = droppedList(dropped, listKey)
 	return out
+}
+
+// laterEntries are the headers added after the count is checked: the
+// exception message and stack trace, and the publisher's trace headers
+// (traceparent, tracestate, baggage).
+const laterEntries = 5
+
+// dropToCount drops the message's own headers, the largest first, until
+// the table has at most n entries with the list of what was dropped (after
+// the names in before), which it adds under listKey; it returns the table
+// and the whole list.
+func dropToCount(headers amqp.Table, n int, listKey string, ours map[string]bool, before []string) (amqp.Table, []string) {
+	out := maps.Clone(headers)
+	delete(out, listKey)
+	dropped := slices.Clone(before)
+	for _, k := range slices.SortedFunc(maps.Keys(out), func(a, b string) int {
+		return cmp.Or(cmp.Compare(amqptable.FieldSize(out[b])+len(b), amqptable.FieldSize(out[a])+len(a)), strings.Compare(a, b))
+	}) {
+		if len(out)+1 <= n {
+			break
+		}
+		if !ours[k] {
+			delete(out, k)
+			dropped = append(dropped, k)
+		}
+	}
+	out[listKey] = droppedList(dropped, listKey)
+	return out, dropped
 }
 
 // listRoom is what the list of dropped headers may take, its key included.

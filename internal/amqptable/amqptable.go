@@ -144,6 +144,11 @@ func FieldSize(v any) int {
 // strings and numbers.
 const MaxDepth = 32
 
+// MaxEntries bounds the entries of a table and the elements of an array, as
+// amqp091-go's reader does (read.go, maxContainerElements): more, and it
+// refuses the frame and closes the connection.
+const MaxEntries = 8192
+
 // MaxShortString is the longest AMQP short string: header names, exchange and
 // routing key, and the string properties.
 const MaxShortString = 255
@@ -155,6 +160,9 @@ func checkShape(v any, depth int) error {
 	case amqp.Table:
 		if depth > MaxDepth {
 			return errTooDeep
+		}
+		if len(x) > MaxEntries {
+			return errTooMany
 		}
 		for k, e := range x {
 			if len(k) > MaxShortString {
@@ -170,6 +178,9 @@ func checkShape(v any, depth int) error {
 		if depth > MaxDepth {
 			return errTooDeep
 		}
+		if len(x) > MaxEntries {
+			return errTooMany
+		}
 		for _, e := range x {
 			if err := checkShape(e, depth+1); err != nil {
 				return err
@@ -179,12 +190,15 @@ func checkShape(v any, depth int) error {
 	return nil
 }
 
+var errTooMany = fmt.Errorf("a header table or array has more than %d entries, which amqp091-go cannot read back", MaxEntries)
+
 var errTooDeep = fmt.Errorf("headers nest tables or arrays deeper than %d levels, which amqp091-go cannot read back (does a table contain itself?)", MaxDepth)
 
 // NormalizeDropping is Normalize for a copy that must be published whatever
 // its headers hold (a dead letter, a retry): a header Normalize would refuse
-// (nested too deep, a cycle, a type AMQP lacks, a uint64 past int64, a name
-// over 255 bytes) is left out, and its name returned in dropped, sorted.
+// (nested too deep or too wide, a cycle, a type AMQP lacks, a uint64 past
+// int64, a name over 255 bytes) is left out, and its name returned in
+// dropped, sorted. More than MaxEntries headers are left to the caller.
 func NormalizeDropping(t amqp.Table) (out amqp.Table, dropped []string) {
 	if out, err := Normalize(t); err == nil {
 		return out, nil

@@ -293,3 +293,23 @@ func TestNormalizeDropping(t *testing.T) {
 		t.Errorf("a clean table: %v, dropped %v", out, dropped)
 	}
 }
+
+// amqp091-go's reader takes at most 8,192 entries in a table or an array
+// (read.go's maxContainerElements): Normalize refuses more, at any depth.
+func TestNormalizeRefusesWhatAmqp091CannotReadBack(t *testing.T) {
+	table := func(n int) amqp.Table {
+		tab := amqp.Table{}
+		for i := range n {
+			tab[fmt.Sprint(i)] = int32(i)
+		}
+		return tab
+	}
+	array := func(n int) []any { return make([]any, n) }
+	for n, ok := range map[int]bool{amqptable.MaxEntries: true, amqptable.MaxEntries + 1: false} {
+		for name, h := range map[string]amqp.Table{"headers": table(n), "nested table": {"t": table(n)}, "array": {"a": array(n)}} {
+			if _, err := amqptable.Normalize(h); (err == nil) != ok {
+				t.Errorf("%s of %d entries: %v", name, n, err)
+			}
+		}
+	}
+}
