@@ -7,6 +7,7 @@ import (
 
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/errtext"
+	"github.com/amqpretry/amqpretry/internal/framecheck"
 )
 
 // connectionLoop dials, serves and redials: a Listener's Run and a Group's
@@ -19,6 +20,9 @@ type connectionLoop struct {
 	// something fatal happens; consumed: it got as far as consuming.
 	serve func(conn *amqpconn.Conn) (consumed bool, err error)
 	lost  func(err error) // a connection ended, or a dial failed
+	// guarding is told that connections are guarded from now on (see
+	// unreadable.go): the listeners reject what the guard marks.
+	guarding func()
 }
 
 // run loops until ctx is done (it returns nil) or a dial or serve fails
@@ -47,6 +51,20 @@ func (cl connectionLoop) run(ctx, serveCtx context.Context) error {
 			var consumed bool
 			consumed, err = cl.serve(conn)
 			served = time.Since(began)
+			if unparseable(err) && cfg.conn.Guard == nil {
+				// A message whose headers amqp091-go cannot parse closed
+				// the connection, and it would be first again on every
+				// redial: read through the guard from now on.
+				cfg.conn.Guard = framecheck.Guard
+				dialer = amqpconn.NewDialer(cfg.conn)
+				cl.guarding()
+				cfg.logger.Error(cl.who+": a message's headers could not be parsed, and the client closed the connection on it "+
+					"(amqp091-go reads header tables nested at most 32 deep and of at most 8,192 entries; RabbitMQ and other clients "+
+					"allow more). Reading through a guard from now on: such a message is rejected without requeue, for the queue's "+
+					"dead-letter exchange to take as it was sent, and the messages behind it flow (docs/limitations.md)",
+					append(cl.attrs, "error", errtext.String(err))...)
+				consumed = false // the next dial comes after the backoff's delay, not at once
+			}
 			if consumed {
 				// Only a connection that got as far as consuming resets the
 				// backoff: one whose declarations fail every time must not

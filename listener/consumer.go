@@ -427,6 +427,10 @@ func (c *consumer) admit(d *amqp.Delivery) *delivery {
 		// count as a failed delivery).
 		return nil
 	}
+	if c.sv.l.unreadable(d) {
+		c.rejectUnreadable(d)
+		return nil
+	}
 	c.inFlight.Add(1) // before stopping is read: see stopOrdered
 	if c.holding.Load() {
 		// Stopping on an ordered queue: held unsettled, for the channel's

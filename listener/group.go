@@ -112,6 +112,11 @@ func (g *Group) Run(ctx context.Context) error {
 				sv.l.ready.lost(err)
 			}
 		},
+		guarding: func() {
+			for _, sv := range svs {
+				sv.l.guarded.Store(true)
+			}
+		},
 	}.run(ctx, runCtx)
 	var wg sync.WaitGroup
 	for _, sv := range svs {

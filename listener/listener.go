@@ -43,6 +43,9 @@ type Listener struct {
 	stats   counters
 	// countsToldOnce: the log has said that the queue counts deliveries.
 	countsToldOnce atomic.Bool
+	// guarded: its connections read through framecheck's guard, since a
+	// message's headers could not be parsed (unreadable.go).
+	guarded atomic.Bool
 	// uncountedToldOnce: the log has said that the queue does not, so that
 	// WithRedeliveryLimit cannot act.
 	uncountedToldOnce atomic.Bool
@@ -377,7 +380,8 @@ func (sv *supervisor) loop(ctx context.Context) error {
 			err := sv.serve(ctx, conn)
 			return sv.consumed, err
 		},
-		lost: l.ready.lost,
+		lost:     l.ready.lost,
+		guarding: func() { l.guarded.Store(true) },
 	}.run(ctx, ctx)
 }
 
