@@ -44,9 +44,11 @@ type Config struct {
 	// DSN is the PostgreSQL of the outbox section.
 	DSN string
 	// OutboxMessages is the backlog each outbox throughput run drains;
-	// OutboxLatencyMessages the orders of the latency run.
+	// OutboxLatencyMessages the orders of the latency run; OutboxBody the
+	// bytes of each message's body.
 	OutboxMessages        int
 	OutboxLatencyMessages int
+	OutboxBody            int
 	Out                   string          // where results.json and throughput.png go
 	Skip                  map[string]bool // section and variant names
 	Stdout                io.Writer       // the markdown report
@@ -86,6 +88,7 @@ func defaultConfig() Config {
 		DSN:                   defaultDSN,
 		OutboxMessages:        20000,
 		OutboxLatencyMessages: 500,
+		OutboxBody:            128,
 		Out:                   "results",
 		Skip:                  map[string]bool{},
 
@@ -134,6 +137,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("-outbox-messages expects at least 1, got %d", c.OutboxMessages)
 	case c.BatchMessages < 1:
 		return fmt.Errorf("-batch-messages expects at least 1, got %d", c.BatchMessages)
+	case c.OutboxBody < 0:
+		return fmt.Errorf("-outbox-body expects 0 bytes or more, got %d", c.OutboxBody)
 	case c.OutboxLatencyMessages < 1:
 		return fmt.Errorf("-outbox-latency-messages expects at least 1, got %d", c.OutboxLatencyMessages)
 	case c.RetryMessages < 1:

@@ -68,6 +68,7 @@ func main() {
 	flag.IntVar(&cfg.ScaleBacklog, "scale-backlog", cfg.ScaleBacklog, "ready messages when the scale-up test starts")
 	flag.DurationVar(&cfg.Settle, "settle", cfg.Settle, "pause after filling a queue, before measuring")
 	flag.IntVar(&cfg.OutboxMessages, "outbox-messages", cfg.OutboxMessages, "rows per outbox throughput run (relay and raw publish as many)")
+	flag.IntVar(&cfg.OutboxBody, "outbox-body", cfg.OutboxBody, "bytes of each outbox message's body (relay and raw alike)")
 	flag.IntVar(&cfg.OutboxLatencyMessages, "outbox-latency-messages", cfg.OutboxLatencyMessages, "orders committed one by one for the commit-to-publish latency")
 	flag.IntVar(&cfg.BatchMessages, "batch-messages", cfg.BatchMessages, "messages per batch-section run (one INSERT per batch of 100; the per-message variant, one INSERT each, runs on a fifth of them)")
 	flag.StringVar(&cfg.RetryURL, "retry-url", cfg.RetryURL, "the RabbitMQ 4.3 broker of the retry section (skipped, with a note, if it does not answer or is older) and the second broker of the coalescing section")

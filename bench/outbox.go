@@ -71,7 +71,7 @@ func measureOutbox(ctx context.Context, e *env) (_ *OutboxResult, err error) {
 	defer db.Close()
 	var r [4]byte
 	_, _ = rand.Read(r[:])
-	b := &outboxBench{e: e, db: db, schema: "amqpretry_bench_" + hex.EncodeToString(r[:]), body: make([]byte, 128)}
+	b := &outboxBench{e: e, db: db, schema: "amqpretry_bench_" + hex.EncodeToString(r[:]), body: make([]byte, e.cfg.OutboxBody)}
 	if _, err := db.ExecContext(ctx, `CREATE SCHEMA `+b.schema); err != nil {
 		return nil, err
 	}
@@ -228,10 +228,19 @@ func (b *outboxBench) relay(ctx context.Context, n, round int) (Sample, error) {
 	if err := b.db.QueryRowContext(ctx, `SELECT clock_timestamp()`).Scan(&start); err != nil {
 		return Sample{}, err
 	}
+	var prof *profile
+	if b.e.cfg.Profile != "" {
+		if prof, err = startProfile(b.e.cfg.Profile, fmt.Sprintf("outbox-relay-%dB-r%d", len(b.body), round)); err != nil {
+			return Sample{}, err
+		}
+	}
 	cpu0 := b.e.cpuMark()
 	stop, done := b.runRelay(ctx, ob.Relay(pub))
 	waitErr := b.waitSent(ctx, ob.Table(), n, done)
 	cpu := cpuTime() - cpu0.self
+	if prof != nil {
+		waitErr = errors.Join(waitErr, prof.stop())
+	}
 	brokerCPU, brokerKnown := cpu0.brokerCPUSince()
 	if err := errors.Join(waitErr, stop()); err != nil {
 		return Sample{}, err
