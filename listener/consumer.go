@@ -714,13 +714,18 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) chainrun.Set
 }
 
 // recoveryFailed reports whether err says the chain's recoverer could not
-// put the message somewhere safe (middleware.ErrRecoveryFailed).
+// put the message somewhere safe (middleware.ErrRecoveryFailed), rather
+// than asked on purpose for a requeue (recoverer.Requeue).
 func recoveryFailed(err error) (yes bool) {
 	defer func() {
-		if recover() != nil { // an Is or Unwrap method of the user's error panicked
+		if recover() != nil { // an Is, As or Unwrap method of the user's error panicked
 			yes = false
 		}
 	}()
+	var onPurpose interface{ RequeuesOnPurpose() bool }
+	if errors.As(err, &onPurpose) && onPurpose.RequeuesOnPurpose() {
+		return false
+	}
 	return errors.Is(err, middleware.ErrRecoveryFailed)
 }
 

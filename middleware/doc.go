@@ -20,7 +20,8 @@
 //	nil                                   → ack
 //	Permanent, with no recoverer          → reject without requeue (the queue's own DLX)
 //	ErrReject (from recoverer.Reject)     → reject without requeue (the queue's own DLX)
-//	ErrRecoveryFailed (recoverer failed)  → requeue: the message is not safe elsewhere
+//	ErrRecoveryFailed (recoverer failed)  → requeue with a nack: the message is not safe elsewhere,
+//	                                        and RabbitMQ 4.3 does not count it (recoverer.Requeue: a reject)
 //	ErrInterrupted (shutdown, lost link)  → nack with requeue, never recovered
 //	anything else (ErrRetriesExhausted …) → requeue
 //

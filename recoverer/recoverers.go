@@ -11,7 +11,17 @@ import (
 )
 
 // ErrRequeueRequested is what Requeue returns.
-var ErrRequeueRequested = errors.New("recoverer: requeue requested")
+var ErrRequeueRequested error = requeueRequested{}
+
+// requeueRequested is ErrRequeueRequested: a recovery that did not fail to
+// put the message somewhere but asks, on purpose, for it to stay on its
+// queue as a failure. Its RequeuesOnPurpose method tells the listener to
+// requeue it with a reject, which counts toward a quorum queue's delivery
+// limit, rather than the nack of a recovery that failed.
+type requeueRequested struct{}
+
+func (requeueRequested) Error() string           { return "recoverer: requeue requested" }
+func (requeueRequested) RequeuesOnPurpose() bool { return true }
 
 // Reject returns a Recoverer that has the listener reject the message without
 // requeue, so that the queue's own dead-letter exchange (x-dead-letter-exchange)
