@@ -19,6 +19,7 @@ import (
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
 )
 
 // The retry section runs on a RabbitMQ 4.3 broker of its own (-retry-url):
@@ -441,7 +442,8 @@ func (rb *retryBench) localRetry(ctx context.Context, e *env, q string, n int) (
 	return rb.flood(ctx, e, "local-retry", dlx.Topology{Queue: q, Type: dlx.Quorum}, n, func(f *flaky, t *tally) (consumers, error) {
 		return runListener(ctx, e, q, func(*publisher.Publisher) middleware.Middleware {
 			return middleware.Chain(middleware.Retry(retryFailures+1,
-				middleware.WithInitialInterval(retryDelay), middleware.WithMultiplier(1), middleware.WithMaxInterval(retryDelay)))
+				middleware.WithInitialInterval(retryDelay), middleware.WithMultiplier(1), middleware.WithMaxInterval(retryDelay)),
+				middleware.Recover(recoverer.Requeue())) // (every message succeeds within its retries)
 		}, flakyHandler(f, t))
 	})
 }

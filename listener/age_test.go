@@ -28,7 +28,7 @@ func TestWarnsWhenADeliveryNearsTheConsumerTimeout(t *testing.T) {
 		handle middleware.Handler
 		oldest time.Duration
 	}{
-		{"retry waits plus handler time", middleware.Retry(2, middleware.WithInitialInterval(2*time.Second)),
+		{"retry waits plus handler time", middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(2*time.Second)), requeueExhausted()),
 			func(ctx context.Context, d *amqp.Delivery) error {
 				time.Sleep(600 * time.Millisecond)
 				if middleware.Attempt(ctx) == 1 {

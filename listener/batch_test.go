@@ -460,7 +460,7 @@ func TestBatchTelemetry(t *testing.T) {
 		}
 		return listener.PerMessage(errs)
 	}
-	r := startBatch(t, q, middleware.Retry(2, middleware.WithInitialInterval(10*time.Millisecond)), h, 5, 5*time.Second, o.options()...)
+	r := startBatch(t, q, middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(10*time.Millisecond)), requeueExhausted()), h, 5, 5*time.Second, o.options()...)
 	brokertest.Eventually(t, 10*time.Second, "all handled", func() bool { st := r.Stats(); return st.Handled == 5 && st.InFlight == 0 })
 	r.Stop(t)
 

@@ -55,7 +55,7 @@ func TestFailuresAreRejectsAndReturnsAreNacks(t *testing.T) {
 			}
 			return errors.New("fails, then waits ten minutes to retry")
 		}
-		chain := middleware.Retry(2, middleware.WithInitialInterval(10*time.Minute), middleware.WithMaxInterval(10*time.Minute))
+		chain := middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(10*time.Minute), middleware.WithMaxInterval(10*time.Minute)), requeueExhausted())
 		r := start(t, q, chain, handle, listener.WithURL(url), listener.WithPrefetch(n),
 			listener.WithShutdownTimeout(100*time.Millisecond))
 		publishN(t, q, n)
@@ -79,7 +79,7 @@ func TestFailuresAreRejectsAndReturnsAreNacks(t *testing.T) {
 		const n = 5
 		q, proxy, url := recordedQueue(t)
 		var calls atomic.Int64
-		chain := middleware.Retry(2, middleware.WithInitialInterval(10*time.Minute), middleware.WithMaxInterval(10*time.Minute))
+		chain := middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(10*time.Minute), middleware.WithMaxInterval(10*time.Minute)), requeueExhausted())
 		r := start(t, q, chain, func(context.Context, *amqp.Delivery) error { calls.Add(1); return errors.New("boom") },
 			listener.WithURL(url), listener.WithPrefetch(n))
 		publishN(t, q, n)

@@ -28,7 +28,7 @@ func TestConnectionKilledByTheBrokerResumes(t *testing.T) {
 	s := newSeen()
 	cut := make(chan struct{})
 	var calls, held atomic.Int64
-	r := start(t, q, middleware.Chain(middleware.Retry(3)), func(ctx context.Context, d *amqp.Delivery) error {
+	r := start(t, q, middleware.Chain(middleware.Retry(3), requeueExhausted()), func(ctx context.Context, d *amqp.Delivery) error {
 		if calls.Add(1) > 500 {
 			held.Add(1)
 			select {

@@ -91,7 +91,7 @@ func TestRedeclareFailureLeavesTheNextConsumersUninterrupted(t *testing.T) {
 				return ch.QueueBind(q, q, ex, false, nil)
 			}
 			s := newSeen()
-			chain := middleware.Chain(middleware.Retry(3, middleware.WithInitialInterval(200*time.Millisecond)))
+			chain := middleware.Chain(middleware.Retry(3, middleware.WithInitialInterval(200*time.Millisecond)), requeueExhausted())
 			handle := func(ctx context.Context, d *amqp.Delivery) error {
 				s.add(fmt.Sprint(d.MessageId, "/", middleware.Attempt(ctx)))
 				if middleware.Attempt(ctx) == 1 {

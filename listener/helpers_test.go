@@ -14,6 +14,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/recoverer"
 )
 
 // logTo sends the listener's log to the test log (Warn and above, or Debug
@@ -32,6 +33,15 @@ func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(b)))
 	return len(b), nil
 }
+
+// requeueExhausted is the Recover of a test's chain whose point is not
+// where an exhausted message goes: it goes back to its queue, on purpose
+// (New refuses a Retry with nowhere to put what it exhausts).
+func requeueExhausted() middleware.Middleware { return middleware.Recover(recoverer.Requeue()) }
+
+// rejectExhausted sends what a test's chain exhausts, or fails for good, to
+// the queue's own dead-letter exchange.
+func rejectExhausted() middleware.Middleware { return middleware.Recover(recoverer.Reject()) }
 
 // running is a Listener started by start.
 type running struct {

@@ -189,6 +189,12 @@ func newListener(who, queue string, mw middleware.Middleware, h middleware.Handl
 				"the topology's x-delivery-limit already bounds a message that crashes the process, and the last delivery dead-letters a "+
 				"failing one with the handler's error", cfg.redeliveryLimit)
 		}
+		if survey.Retries && survey.Recoverer == nil && cfg.redeliveryLimit == 0 {
+			cfg.fail("the middleware has a Retry but no Recover: a message that exhausts its retries would go back to the queue " +
+				"and fail again, for ever. End the chain with Recover(recoverer.Republish(pub, dlx, key)) (a dead-letter queue: " +
+				"dlx.Topology declares one), or set WithRedeliveryLimit(n) on a quorum queue (past n deliveries the message is rejected " +
+				"to the queue's dead-letter exchange), or, to requeue it for ever on purpose, Recover(recoverer.Requeue())")
+		}
 		if d := survey.TimeoutAroundRecover; d > 0 {
 			cfg.fail("the middleware has Timeout(%v) around Recover: once its deadline passes the recoverer cannot run (its context has ended), "+
 				"so the delivery would be requeued and run again for ever. Put Timeout innermost, next to the handler: "+

@@ -24,7 +24,7 @@ func TestEndToEndExactlyOnce(t *testing.T) {
 	brokertest.Queue(t, q, nil)
 	publishN(t, q, 2000)
 	s := newSeen()
-	r := start(t, q, middleware.Chain(middleware.Retry(3)), func(_ context.Context, d *amqp.Delivery) error {
+	r := start(t, q, middleware.Chain(middleware.Retry(3), requeueExhausted()), func(_ context.Context, d *amqp.Delivery) error {
 		s.add(d.MessageId)
 		return nil
 	}, listener.WithConcurrentConsumers(4))
@@ -116,7 +116,7 @@ func TestPermanentErrorGoesToTheQueuesDLX(t *testing.T) {
 	brokertest.Queue(t, q, amqp.Table{"x-dead-letter-exchange": dlx})
 	brokertest.Publish(t, q, amqp.Publishing{MessageId: "bad"})
 	var calls atomic.Int64
-	r := start(t, q, middleware.Retry(5), func(context.Context, *amqp.Delivery) error {
+	r := start(t, q, middleware.Chain(middleware.Retry(5), rejectExhausted()), func(context.Context, *amqp.Delivery) error {
 		calls.Add(1)
 		return middleware.Permanent(errors.New("invalid JSON"))
 	})
@@ -236,6 +236,9 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"bad scheme", "q", nil, h, []listener.Option{listener.WithURL("http://u:hunter2@localhost/")}, "WithURL: invalid AMQP URL \"http://u:xxxxx@localhost/\""},
 		{"bad node", "q", nil, h, []listener.Option{listener.WithURLs("amqp://u:hunter2@a/", "http://u:hunter2@b/")}, "WithURLs: invalid AMQP URL \"http://u:xxxxx@b/\""},
 		{"no nodes", "q", nil, h, []listener.Option{listener.WithURLs()}, "WithURLs expects at least one URL"},
+		{"retries with nowhere to put what they exhaust", "q", middleware.Chain(middleware.Retry(3)), h, nil, "the middleware has a Retry but no Recover: a message that exhausts its retries would go back to the queue and fail again, for ever. End the chain with Recover("},
+		{"retries with nowhere to put what they exhaust, named", "q", middleware.Retry(1), h, nil, "WithRedeliveryLimit(n)"},
+		{"retries with nowhere to put what they exhaust, the way out", "q", middleware.Retry(1), h, nil, "Recover(recoverer.Requeue())"},
 		{"retries past consumer_timeout", "q", middleware.Retry(300), h, nil, "the middleware's retries may hold a delivery for 49m25s (their waits, and the handler's Timeouts on every attempt), longer than the consumer timeout 30m0s"},
 		{"handler timeouts past consumer_timeout", "q", middleware.Chain(middleware.Retry(3), middleware.Timeout(10*time.Minute)), h, nil, "may hold a delivery for 30m3s"},
 		{"custom consumer timeout", "q", middleware.Retry(5), h, []listener.Option{listener.WithConsumerTimeout(10 * time.Second)}, "retry tiers (package dlx)"},

@@ -31,7 +31,7 @@ func TestScalesUpAndDownWithDefaults(t *testing.T) {
 
 	s := newSeen()
 	begin := time.Now()
-	r := start(t, q, middleware.Chain(middleware.Retry(3)), func(_ context.Context, d *amqp.Delivery) error {
+	r := start(t, q, middleware.Chain(middleware.Retry(3), requeueExhausted()), func(_ context.Context, d *amqp.Delivery) error {
 		time.Sleep(20 * time.Millisecond)
 		s.add(d.MessageId)
 		return nil

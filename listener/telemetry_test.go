@@ -128,7 +128,7 @@ func TestTelemetryOfARetriedDelivery(t *testing.T) {
 	producer := producerSpan(t, o, q, amqp.Publishing{MessageId: "m-1", CorrelationId: "c-1", Body: []byte("hello")})
 
 	var calls atomic.Int64
-	r := start(t, q, middleware.Retry(5, middleware.WithInitialInterval(20*time.Millisecond)), func(context.Context, *amqp.Delivery) error {
+	r := start(t, q, middleware.Chain(middleware.Retry(5, middleware.WithInitialInterval(20*time.Millisecond)), requeueExhausted()), func(context.Context, *amqp.Delivery) error {
 		if calls.Add(1) < 3 {
 			return errors.New("flaky")
 		}
@@ -272,9 +272,10 @@ func TestFailedDeliveryMarksTheSpan(t *testing.T) {
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
 	brokertest.Publish(t, q, amqp.Publishing{})
+	// (WithRedeliveryLimit is what lets a Retry without a Recover through New.)
 	r := start(t, q, middleware.Retry(1), func(context.Context, *amqp.Delivery) error {
 		return middleware.Permanent(errors.New("invalid JSON"))
-	}, o.options()...)
+	}, append(o.options(), listener.WithRedeliveryLimit(5))...)
 	brokertest.Eventually(t, 5*time.Second, "rejected", func() bool { return r.Stats().Rejected == 1 })
 	r.Stop(t)
 	p := o.named("process " + q)[0]
@@ -294,7 +295,7 @@ func TestFirstAttemptSuccessHasNoAttemptSpan(t *testing.T) {
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
 	brokertest.Publish(t, q, amqp.Publishing{})
-	r := start(t, q, middleware.Retry(3), func(ctx context.Context, _ *amqp.Delivery) error {
+	r := start(t, q, middleware.Chain(middleware.Retry(3), requeueExhausted()), func(ctx context.Context, _ *amqp.Delivery) error {
 		_, s := o.tp.Tracer("handler").Start(ctx, "query")
 		s.End()
 		return nil
@@ -356,7 +357,7 @@ func TestRetryMixesItsProviderWithTheListeners(t *testing.T) {
 			brokertest.Queue(t, q, nil)
 			brokertest.Publish(t, q, amqp.Publishing{})
 			var calls atomic.Int64
-			r := start(t, q, middleware.Retry(3, middleware.WithInitialInterval(10*time.Millisecond), opt),
+			r := start(t, q, middleware.Chain(middleware.Retry(3, middleware.WithInitialInterval(10*time.Millisecond), opt), requeueExhausted()),
 				func(context.Context, *amqp.Delivery) error {
 					if calls.Add(1) < 3 {
 						return errors.New("flaky")

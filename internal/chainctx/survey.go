@@ -26,6 +26,10 @@ type Survey struct {
 	// or 0: past its deadline the recoverer cannot run, so the delivery
 	// would be requeued and run again for ever. The listener refuses it.
 	TimeoutAroundRecover time.Duration
+	// Retries: a Retry was built, so the chain can exhaust its retries;
+	// without a Recover the message then goes back to its queue, and comes
+	// back to fail again, for ever.
+	Retries bool
 }
 
 // SurveyChain builds a chain by calling build, and returns what the Retries
@@ -64,7 +68,7 @@ func SurveyChain(build func()) Survey {
 		}
 	}()
 	build()
-	return Survey{Wait: s.unclaimed, Recoverer: s.recoverer, TimeoutAroundRecover: s.timeoutAroundRecover}
+	return Survey{Wait: s.unclaimed, Recoverer: s.recoverer, TimeoutAroundRecover: s.timeoutAroundRecover, Retries: s.retries}
 }
 
 // SurveyWait is SurveyChain(build).Wait.
@@ -79,6 +83,7 @@ func RetryBuilt(worst time.Duration, attempts int) {
 		return
 	}
 	s.unclaimed = addSaturating(worst, mulSaturating(s.unclaimed, attempts))
+	s.retries = true
 }
 
 // TimeoutBuilt is called by a Timeout as it wraps its next handler: one
@@ -126,6 +131,7 @@ type survey struct {
 	unclaimed            time.Duration
 	recoverer            any           // the first Recover's
 	timeoutAroundRecover time.Duration // the first Timeout built after a Recover
+	retries              bool          // a Retry was built
 }
 
 // goroutineID is the number the runtime prints for the current goroutine in

@@ -27,6 +27,7 @@ import (
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
 )
 
 // clusterChildEnv tells a re-executed test binary to be one listener
@@ -553,7 +554,7 @@ func TestClusterThroughput(t *testing.T) {
 		wg.Wait()
 		published := time.Since(begin)
 		var handled atomic.Int64
-		l, err := listener.New(queue, middleware.Chain(middleware.Retry(3)), func(context.Context, *amqp.Delivery) error { handled.Add(1); return nil },
+		l, err := listener.New(queue, middleware.Chain(middleware.Retry(3), middleware.Recover(recoverer.Requeue())), func(context.Context, *amqp.Delivery) error { handled.Add(1); return nil },
 			listener.WithURLs(urls...), listener.WithConcurrentConsumers(2), listener.WithLogger(newLogBook().logger()))
 		if err != nil {
 			t.Fatal(err)

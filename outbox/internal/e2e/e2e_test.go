@@ -29,6 +29,7 @@ import (
 	"github.com/amqpretry/amqpretry/outbox/inbox"
 	"github.com/amqpretry/amqpretry/outbox/internal/dbtest"
 	"github.com/amqpretry/amqpretry/publisher"
+	"github.com/amqpretry/amqpretry/recoverer"
 )
 
 // relayChildEnv carries "table url" to the child process that runs the
@@ -122,7 +123,8 @@ func TestOutboxEndToEnd(t *testing.T) {
 		return err
 	})
 	consumer, err := listener.New(queue,
-		middleware.Chain(count, middleware.Retry(5, middleware.WithInitialInterval(20*time.Millisecond), middleware.WithMaxInterval(500*time.Millisecond))),
+		middleware.Chain(count, middleware.Retry(5, middleware.WithInitialInterval(20*time.Millisecond), middleware.WithMaxInterval(500*time.Millisecond)),
+			middleware.Recover(recoverer.Requeue())), // a database down longer than the retries: back to the queue, as before
 		ship, listener.WithURL(consumerURL), listener.WithConcurrentConsumers(2), listener.WithMaxConcurrentConsumers(4),
 		listener.WithPrefetch(50), listener.WithHeartbeat(2*time.Second), listener.WithRequeueDelay(50*time.Millisecond, time.Second),
 		listener.WithLogger(quiet))
