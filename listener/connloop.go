@@ -3,6 +3,7 @@ package listener
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
@@ -39,7 +40,7 @@ func (cl connectionLoop) run(ctx, serveCtx context.Context) error {
 		if ctx.Err() != nil || serveCtx.Err() != nil {
 			return nil
 		}
-		conn, err := dial(serveCtx, dialer, cl.who)
+		conn, err := cl.dial(serveCtx, dialer)
 		if err != nil && cfg.failFast && !everConnected && !isFatal(err) {
 			err = &fatalError{fmt.Errorf("%w (WithFailFast: the first connection must succeed)", err)}
 		}
@@ -94,4 +95,28 @@ func (cl connectionLoop) run(ctx, serveCtx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// dial is dial, and tells lost, while a dial has been pending a second or
+// more, that it has had no answer yet: a frozen broker that accepted the
+// connection would otherwise leave LastConnectionError empty for the whole
+// dial timeout.
+func (cl connectionLoop) dial(ctx context.Context, dialer *amqpconn.Dialer) (*amqpconn.Conn, error) {
+	began := time.Now()
+	var mu sync.Mutex
+	returned := false
+	pending := time.AfterFunc(time.Second, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !returned { // else the dial's own outcome stands
+			cl.lost(fmt.Errorf("%s: dialing %s: no answer yet after %v (WithDialTimeout %v)", cl.who, cl.cfg.conn.Redacted(),
+				time.Since(began).Round(time.Second), cl.cfg.conn.DialTimeout))
+		}
+	})
+	conn, err := dial(ctx, dialer, cl.who)
+	mu.Lock()
+	returned = true
+	mu.Unlock()
+	pending.Stop()
+	return conn, err
 }

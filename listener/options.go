@@ -158,6 +158,20 @@ func WithHeartbeat(d time.Duration) Option {
 	}
 }
 
+// WithDialTimeout bounds each dial: the TCP connect and the TLS and AMQP
+// handshakes of one address. A broker that accepts the connection and then
+// says nothing (a frozen node) costs that long per try, and WithFailFast
+// fails after it. While a dial is pending for more than a second,
+// Stats().LastConnectionError says so. Default 10s.
+func WithDialTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d < 100*time.Millisecond {
+			c.fail("WithDialTimeout expects at least 100ms, got %v", d)
+		}
+		c.conn.DialTimeout = d
+	}
+}
+
 // WithConnectionName sets the name the broker shows for the connection.
 func WithConnectionName(name string) Option { return func(c *config) { c.conn.Name = name } }
 

@@ -99,6 +99,19 @@ func WithHeartbeat(d time.Duration) Option {
 	}
 }
 
+// WithDialTimeout bounds each dial: the TCP connect and the TLS and AMQP
+// handshakes of one address. A broker that accepts the connection and then
+// says nothing (a frozen node) costs that long per try, New's first dial
+// included. Default 10s.
+func WithDialTimeout(d time.Duration) Option {
+	return func(cfg *config) {
+		if d < 100*time.Millisecond {
+			cfg.fail("WithDialTimeout expects at least 100ms, got %v", d)
+		}
+		cfg.conn.DialTimeout = d
+	}
+}
+
 // WithURLs adds the other nodes of url's cluster (url may be among them):
 // each dial tries them all in a random order, so that the publishers of a
 // fleet spread over the nodes, and after losing a connection the publisher
