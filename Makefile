@@ -61,7 +61,8 @@ GOVULNCHECK := $(BIN)/govulncheck-$(GOVULNCHECK_VERSION)
 FUZZ_TARGETS := ./internal/amqphdr:FuzzReaders:200000 ./internal/amqpurl:FuzzRedact:200000 ./internal/amqpurl:FuzzParse:150000 \
 	./internal/amqptable:FuzzNormalize:120000 ./recoverer:FuzzFitFaultText:60000 ./dlx:FuzzHeaders:60000 \
 	./cmd/amqpretry:FuzzEscape:20000 ./outbox:FuzzProperties:30000 ./internal/errtree:FuzzAsAgreesWithErrors:50000 ./typed:FuzzHandler:15000 \
-	./cmd/amqpretry/internal/console:FuzzNormalize:40000 ./cmd/amqpretry/internal/console:FuzzRef:30000
+	./cmd/amqpretry/internal/console:FuzzNormalize:40000 ./cmd/amqpretry/internal/console:FuzzRef:30000 \
+	./internal/framecheck:FuzzRewrite:40000
 
 # The brokers make test runs the suite on: the system's (Debian bookworm's
 # 3.10), and RabbitMQ 4.0 (Debian trixie's) and 4.3 (Debian forky's), each in
