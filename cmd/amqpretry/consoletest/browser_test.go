@@ -268,11 +268,20 @@ func textNow(ctx context.Context, sel string) string {
 }
 
 // text is the visible text of the first element sel matches, once the page
-// has loaded and has one.
+// has loaded and has one. It reads by evaluation, asking again while the
+// browser is between two documents, never through a node of a document
+// that may be gone by the time it is read.
 func text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
-	waitFor(t, ctx, sel+" on a loaded page", fmt.Sprintf(`document.readyState === "complete" && document.querySelector(%q) !== null`, sel))
-	return eval[string](t, ctx, fmt.Sprintf(`document.querySelector(%q).innerText`, sel))
+	js := fmt.Sprintf(`(() => { const e = document.readyState === "complete" && document.querySelector(%q); return e ? e.innerText : null; })()`, sel)
+	var s *string
+	brokertest.Eventually(t, 20*time.Second, sel+" on a loaded page", func() bool {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		s = nil
+		return chromedp.Run(ctx, chromedp.Evaluate(js, &s)) == nil && s != nil
+	})
+	return *s
 }
 
 func eval[T any](t *testing.T, ctx context.Context, js string) T {
