@@ -143,7 +143,7 @@ func TestAckCoalescingWithFailuresAndRetriesOutOfOrder(t *testing.T) {
 	const n = 1000
 	s := newSeen()
 	var attempts sync.Map
-	r := start(t, q, middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(5*time.Millisecond)), requeueExhausted()),
+	r := start(t, q, middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(5*time.Millisecond)), requeueUnlessPermanent()),
 		func(_ context.Context, d *amqp.Delivery) error {
 			i, _ := strconv.Atoi(d.MessageId)
 			a, _ := attempts.LoadOrStore(d.MessageId, new(atomic.Int64))

@@ -43,6 +43,14 @@ func requeueExhausted() middleware.Middleware { return middleware.Recover(recove
 // the queue's own dead-letter exchange.
 func rejectExhausted() middleware.Middleware { return middleware.Recover(recoverer.Reject()) }
 
+// requeueUnlessPermanent is what a chain without a Recover did before New
+// refused it: a Permanent error to the queue's own dead-letter exchange, an
+// exhausted one back to the queue.
+func requeueUnlessPermanent() middleware.Middleware {
+	permanent := middleware.ErrorFunc("permanent", middleware.IsPermanent)
+	return middleware.Recover(recoverer.ByError(recoverer.Requeue(), recoverer.When(permanent, recoverer.Reject())))
+}
+
 // running is a Listener started by start.
 type running struct {
 	*listener.Listener

@@ -124,7 +124,9 @@ func TestOutboxEndToEnd(t *testing.T) {
 	})
 	consumer, err := listener.New(queue,
 		middleware.Chain(count, middleware.Retry(5, middleware.WithInitialInterval(20*time.Millisecond), middleware.WithMaxInterval(500*time.Millisecond)),
-			middleware.Recover(recoverer.Requeue())), // a database down longer than the retries: back to the queue, as before
+			// a database down longer than the retries: back to the queue; a body that is no order id: the queue's DLX
+			middleware.Recover(recoverer.ByError(recoverer.Requeue(),
+				recoverer.When(middleware.ErrorFunc("permanent", middleware.IsPermanent), recoverer.Reject())))),
 		ship, listener.WithURL(consumerURL), listener.WithConcurrentConsumers(2), listener.WithMaxConcurrentConsumers(4),
 		listener.WithPrefetch(50), listener.WithHeartbeat(2*time.Second), listener.WithRequeueDelay(50*time.Millisecond, time.Second),
 		listener.WithLogger(quiet))
