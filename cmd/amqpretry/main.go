@@ -96,7 +96,10 @@ func main() {
 const dlqListUsage = `amqpretry dlq list QUEUE [--limit N] [--json] [--url URL] [--header-prefix PREFIX]
 
 Shows the first --limit messages of QUEUE, a table of their message id,
-original routing key, exception, attempts, broker retries and failure time.
+original routing key, exception, attempts (the handler's calls in the
+delivery that failed for good), broker retries (the trips through the
+broker's retry tiers or delayed redelivery before that, x-retry-count) and
+failure time.
 It takes them without acking and hands each back with basic.nack(requeue):
 they stay where they were, in order.
 
@@ -108,7 +111,7 @@ reason) come from its x-death header.
 --json prints a JSON array instead, one object per message, with the fields
   index, message_id, routing_key (the original one), original_exchange,
   original_queue, exception (whole), error_type, attempts (null when unknown),
-  retries, failed_at and timestamp (RFC 3339, null when unset), content_type,
+  retries (broker retries), failed_at and timestamp (RFC 3339, null when unset), content_type,
   body_bytes, and unreadable_headers, present only for a message whose
   headers amqp091-go cannot parse (nested deeper than 32 levels, over 8,192
   entries), saying why: the other header fields are then empty, and the
@@ -121,14 +124,17 @@ body (a binary body as a hex dump of its first 1024 bytes). --index counts
 from 0, the head of the queue (the default); --id picks the first message
 with that message id. The messages looked at stay where they were.`
 
-const dlqReplayUsage = `amqpretry dlq replay QUEUE [--limit N] [--match REGEXP] [--to QUEUE | --to-original-exchange] [--url URL] [--header-prefix PREFIX]
+const dlqReplayUsage = `amqpretry dlq replay QUEUE [--limit N] [--id ID] [--match REGEXP] [--to QUEUE | --to-original-exchange] [--url URL] [--header-prefix PREFIX]
 
 Sends the messages of QUEUE back: by default to the queue they failed on
 (the recoverer's original-queue header), with --to to another queue, with
 --to-original-exchange to the exchange and routing key first used. Each is
 published with a confirm before it is acked off QUEUE; one without a
 destination, or not matching --match (a regular expression over the message
-id, original routing key, exception and the body's first 4 KiB), stays.`
+id, original routing key, exception and the body's first 4 KiB), stays.
+--id takes only the message(s) whose message id is exactly ID (producers
+that use a business key as the id may have several: add --limit 1 for the
+first); an --id that selects nothing is an error.`
 
 const dlqPurgeUsage = `amqpretry dlq purge QUEUE --yes [--url URL]
 
@@ -213,6 +219,7 @@ func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	broker := addBrokerFlags(fs, true)
 	limit := fs.Int("limit", 0, "replay at most `N` messages (0: every one)")
 	match := fs.String("match", "", "only messages whose id, original routing key, exception or body match this `REGEXP`")
+	id := fs.String("id", "", "only the message(s) with exactly this message `ID` (add --limit 1 for the first)")
 	to := fs.String("to", "", "send to this `QUEUE`")
 	toOriginal := fs.Bool("to-original-exchange", false, "send to the exchange and routing key first used")
 	queue, err := parse(fs, args)
@@ -235,7 +242,29 @@ func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	return replay(ctx, urls, queue, *limit, re, *to, *toOriginal, *broker.prefix, stdout, stderr)
+	if isSet(fs, "id") && *id == "" {
+		return usagef("--id expects a message id")
+	}
+	return replay(ctx, urls, queue, replaySelection{limit: *limit, match: re, id: *id, idSet: isSet(fs, "id")}, *to, *toOriginal, *broker.prefix, stdout, stderr)
+}
+
+// replaySelection is which dead letters replay moves: at most limit (0:
+// every one), those --match matches, and with --id only those whose
+// message id is exactly id.
+type replaySelection struct {
+	limit int
+	match *regexp.Regexp
+	id    string
+	idSet bool
+}
+
+func (s replaySelection) selects(d *amqp.Delivery) bool {
+	if s.idSet && d.MessageId != s.id {
+		return false
+	}
+	re := s.match
+	return re == nil || re.MatchString(d.MessageId) || re.MatchString(originalKey(d)) ||
+		re.MatchString(deadletter.Exception(d)) || re.Match(d.Body[:min(len(d.Body), 4096)])
 }
 
 func dlqPurge(_ context.Context, args []string, stdout, _ io.Writer) error {
@@ -329,7 +358,7 @@ func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix
 		return writeJSON(stdout, out)
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "#\tMESSAGE ID\tROUTING KEY\tEXCEPTION\tATTEMPTS\tRETRIES\tFAILED AT")
+	fmt.Fprintln(w, "#\tMESSAGE ID\tROUTING KEY\tEXCEPTION\tATTEMPTS\tBROKER RETRIES\tFAILED AT")
 	for i, d := range msgs {
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", i, orDash(escapeLine(d.MessageId)), orDash(escapeLine(originalKey(&d))),
 			oneLine(exceptionText(&d), 60),
@@ -505,7 +534,7 @@ func writeMessage(w io.Writer, d *amqp.Delivery, prefix string) {
 	writeBody(w, d.ContentType, d.Body)
 }
 
-func replay(ctx context.Context, urls []string, queue string, limit int, re *regexp.Regexp, to string, toOriginal bool, prefix string, stdout, stderr io.Writer) error {
+func replay(ctx context.Context, urls []string, queue string, sel replaySelection, to string, toOriginal bool, prefix string, stdout, stderr io.Writer) error {
 	// The publisher's own story (connected, reconnecting) is not the
 	// operator's: only its warnings and errors show.
 	quiet := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -514,12 +543,9 @@ func replay(ctx context.Context, urls []string, queue string, limit int, re *reg
 		return err
 	}
 	defer pub.Close()
-	opts := []dlx.ReplayOption{dlx.ReplayLimit(limit), dlx.ReplayHeaderPrefix(prefix)}
-	if re != nil {
-		opts = append(opts, dlx.ReplayMatch(func(d *amqp.Delivery) bool {
-			return re.MatchString(d.MessageId) || re.MatchString(originalKey(d)) ||
-				re.MatchString(deadletter.Exception(d)) || re.Match(d.Body[:min(len(d.Body), 4096)])
-		}))
+	opts := []dlx.ReplayOption{dlx.ReplayLimit(sel.limit), dlx.ReplayHeaderPrefix(prefix)}
+	if sel.match != nil || sel.idSet {
+		opts = append(opts, dlx.ReplayMatch(sel.selects))
 	}
 	switch {
 	case to != "":
@@ -558,6 +584,9 @@ func replay(ctx context.Context, urls []string, queue string, limit int, re *reg
 		}
 	}
 	fmt.Fprintln(stdout)
+	if err == nil && sel.idSet && res.Replayed == 0 {
+		return fmt.Errorf("no message with id %q on %s", sel.id, queue)
+	}
 	return err
 }
 
