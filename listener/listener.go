@@ -43,6 +43,7 @@ type Listener struct {
 	stats   counters
 	// countsToldOnce: the log has said that the queue counts deliveries.
 	countsToldOnce atomic.Bool
+	deadLetters    *deadLetterLog // what of the dead letters is logged (deadletterlog.go)
 	// guarded: its connections read through framecheck's guard, since a
 	// message's headers could not be parsed (unreadable.go).
 	guarded atomic.Bool
@@ -216,6 +217,7 @@ func newListener(who, queue string, mw middleware.Middleware, h middleware.Handl
 		spanName:  "process " + queue,
 	}
 	l.attrs = newSpanAttrs(l.tel, queue)
+	l.deadLetters = &deadLetterLog{burst: cfg.deadLetterBurst, every: cfg.deadLetterEvery}
 	if cfg.redeliveryLimit > 0 {
 		l.overLimit, l.hasRecoverer = overLimitHandler(survey.Recoverer, cfg.redeliveryLimit)
 	}
@@ -295,6 +297,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		err = fatal.err
 	}
 	l.ready.stop(err)
+	l.logDeadLetterSummary(l.deadLetters.due(time.Now(), true))
 	if ctx.Err() != nil {
 		sv.draining() // (if it ended between connections)
 		st := l.Stats()
@@ -464,6 +467,11 @@ func (l *Listener) recovered(messageID string, r *recovery) {
 	}
 	l.stats.deadLettered.Add(1)
 	l.tel.DeadLettered.Add(context.Background(), 1, l.attrs.queue.Add...)
+	full, summary := l.deadLetters.take(time.Now(), chainrun.ErrorType(r.failedFor))
+	l.logDeadLetterSummary(summary)
+	if !full {
+		return
+	}
 	to := r.to
 	if !r.told {
 		to = "(not said by the recoverer: it can name the place with middleware.DeadLettered)"

@@ -49,7 +49,9 @@ type config struct {
 	consumerTimeout time.Duration
 	requeueDelay    time.Duration
 	requeueDelayMax time.Duration
-	requeueDelaySet bool // WithRequeueDelay was given: New refuses a max that outlives the consumer timeout, where it caps the default's
+	deadLetterBurst int           // WithDeadLetterLog
+	deadLetterEvery time.Duration // ...
+	requeueDelaySet bool          // WithRequeueDelay was given: New refuses a max that outlives the consumer timeout, where it caps the default's
 	scaleInterval   time.Duration
 	idleTimeout     time.Duration
 	drainTarget     time.Duration
@@ -83,6 +85,8 @@ func defaultConfig() config {
 		shutdownTimeout: 10 * time.Second,
 		consumerTimeout: 30 * time.Minute,
 		requeueDelay:    time.Second,
+		deadLetterBurst: 10,
+		deadLetterEvery: 10 * time.Second,
 		requeueDelayMax: 30 * time.Second,
 		scaleInterval:   250 * time.Millisecond,
 		idleTimeout:     10 * time.Second,
@@ -169,6 +173,22 @@ func WithDialTimeout(d time.Duration) Option {
 			c.fail("WithDialTimeout expects at least 100ms, got %v", d)
 		}
 		c.conn.DialTimeout = d
+	}
+}
+
+// WithDeadLetterLog sets how dead letters are logged: the first burst of a
+// flood one by one, in full (queue, message id, destination, attempts,
+// error type and text), then one summary line per interval with how many
+// more and their error types. After an interval with none beyond the burst,
+// the next ones are logged in full again. Stats().DeadLettered, the
+// amqpretry.dead_lettered metric and OnRecover hooks count every one
+// whatever is logged. burst 0 logs summaries only. Default 10, 10s.
+func WithDeadLetterLog(burst int, interval time.Duration) Option {
+	return func(c *config) {
+		if burst < 0 || interval < 100*time.Millisecond {
+			c.fail("WithDeadLetterLog expects a burst of 0 or more and an interval of at least 100ms, got %d, %v", burst, interval)
+		}
+		c.deadLetterBurst, c.deadLetterEvery = burst, interval
 	}
 }
 

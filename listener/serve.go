@@ -128,6 +128,7 @@ func (sv *supervisor) serveOn(ctx context.Context, conn *amqpconn.Conn) (err err
 				s.scale()
 			}
 			l.watchAges()
+			l.logDeadLetterSummary(l.deadLetters.due(time.Now(), false))
 		}
 	}
 }
