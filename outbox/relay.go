@@ -228,17 +228,18 @@ type batch struct {
 // claiming, publishing and recording overlap, and a row whose confirm is
 // late holds up its own slot only.
 type worker struct {
-	r         *Relay
-	grace     context.Context
-	slots     chan struct{} // one per publish under way
-	jobs      chan job      // to the publishing goroutines
-	limit     int           // WithConcurrency
-	started   int           // publishing goroutines; dispatch's alone
-	publishes sync.WaitGroup
-	bytes     atomic.Int64  // message bytes of the publishes under way
-	freed     chan struct{} // a publish ended: bytes went down
-	outcomes  chan *claimed // to the recorder
-	recorded  chan struct{} // closed once the recorder has ended
+	r          *Relay
+	grace      context.Context
+	publishCtx context.Context // grace, with mandatory set
+	slots      chan struct{}   // one per publish under way
+	jobs       chan job        // to the publishing goroutines
+	limit      int             // WithConcurrency
+	started    int             // publishing goroutines; dispatch's alone
+	publishes  sync.WaitGroup
+	bytes      atomic.Int64  // message bytes of the publishes under way
+	freed      chan struct{} // a publish ended: bytes went down
+	outcomes   chan *claimed // to the recorder
+	recorded   chan struct{} // closed once the recorder has ended
 
 	mu   sync.Mutex
 	halt error // publisher.ErrClosed, or a *brokerUnreachableError
@@ -251,14 +252,18 @@ func (r *Relay) startWorker(grace, keep context.Context) *worker {
 		limit = r.cfg.batchSize
 	}
 	w := &worker{
-		r:        r,
-		grace:    grace,
-		slots:    make(chan struct{}, limit),
-		jobs:     make(chan job),
-		limit:    limit,
-		freed:    make(chan struct{}, 1),
-		outcomes: make(chan *claimed, r.cfg.batchSize),
-		recorded: make(chan struct{}),
+		r:     r,
+		grace: grace,
+		// A row no queue takes is an error to retry and, past the limit, a
+		// failed row for a person: never a silent loss, whatever the
+		// publisher's default (publisher.WithMandatory).
+		publishCtx: publisher.WithMandatoryContext(grace, true),
+		slots:      make(chan struct{}, limit),
+		jobs:       make(chan job),
+		limit:      limit,
+		freed:      make(chan struct{}, 1),
+		outcomes:   make(chan *claimed, r.cfg.batchSize),
+		recorded:   make(chan struct{}),
 	}
 	go w.record(keep)
 	return w
@@ -417,7 +422,7 @@ func (w *worker) publishLoop(j job) {
 	defer w.publishes.Done()
 	for ok := true; ok; j, ok = <-w.jobs {
 		c := j.c
-		c.result = w.r.publishOne(w.grace, c, j.timeout)
+		c.result = w.r.publishOne(w.publishCtx, c, j.timeout)
 		c.cut = w.grace.Err() != nil && errors.Is(c.result, context.Canceled)
 		c.msg = amqp.Publishing{} // the recorder needs none of it
 		w.noteHalt(c)
@@ -573,10 +578,7 @@ func (r *Relay) publishOne(ctx context.Context, c *claimed, timeout time.Duratio
 	}()
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	// A row no queue takes is an error to retry and, past the limit, a
-	// failed row for a person: never a silent loss, whatever the
-	// publisher's default (publisher.WithMandatory).
-	return r.pub.Publish(publisher.WithMandatoryContext(pctx, true), c.exchange, c.key, c.msg)
+	return r.pub.Publish(pctx, c.exchange, c.key, c.msg)
 }
 
 // outcome is what record writes to a row that was not sent: a failed try
