@@ -18,7 +18,8 @@
 //     COMMIT. A rolled-back transaction leaves no message.
 //  3. In one or more processes: Relay(pub).Run(ctx). Each relay claims due
 //     rows in id order under a lease, publishes them through pub (mandatory,
-//     with confirms) with no transaction open, and records each outcome.
+//     with confirms) with no transaction open, and records each outcome as
+//     it arrives, claiming more while slow confirms are awaited.
 //  4. When rows fail (no queue bound, an exchange missing), a person fixes
 //     the cause and calls Retry(id) or RetryAllFailed (`amqpretry outbox
 //     retry ID` or `--all-failed`); List and Counts show the rows.
@@ -75,8 +76,8 @@
 //
 // Shutdown: once Run's context ends it claims and starts nothing more, waits
 // up to WithShutdownTimeout (5s) for the confirms of what it has sent,
-// records them and hands the rest back, so a restart re-sends only what was
-// not confirmed in that time.
+// records them and hands the rest back (up to 5s more to write that), so a
+// restart re-sends only what was not confirmed in that time.
 //
 // A broker outage uses up no tries, however long it lasts, and the relay
 // resumes when the broker is back. A publish sent but not confirmed in time
@@ -99,13 +100,14 @@
 //	status         in_flight (new, or due again at next_retry_at),
 //	               sent (confirmed), failed (waiting for a person)
 //	retried_count  failed publishes of the row
-//	next_retry_at  when an in-flight row is due, or, while a relay holds it,
-//	               when its lease ends
+//	next_retry_at  when an in-flight row is due (after a failed try, its
+//	               backoff)
 //	created_at     when Enqueue wrote it
 //	sent_at        when the broker confirmed it
 //	last_error     why the last try failed
 //	claim          the token of the relay's claim that holds the row (NULL
 //	               when none does)
+//	leased_until   when that claim's lease ends
 //
 // # PostgreSQL through database/sql
 //
