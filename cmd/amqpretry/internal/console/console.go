@@ -19,6 +19,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
 	"github.com/amqpretry/amqpretry/internal/amqphdr"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
+	"github.com/amqpretry/amqpretry/internal/framecheck"
 	"github.com/amqpretry/amqpretry/outbox"
 	"github.com/amqpretry/amqpretry/publisher"
 	"github.com/amqpretry/amqpretry/recoverer"
@@ -215,7 +216,10 @@ func (c *Console) channel(ctx context.Context) (*amqp.Channel, amqpconn.ServerVe
 		return nil, amqpconn.ServerVersion{}, errClosed
 	}
 	if c.conn == nil || c.conn.IsClosed() {
-		conn, err := amqpconn.Dial(ctx, amqpconn.Config{URLs: c.cfg.URLs, DialTimeout: 10 * time.Second, Name: "amqpretry console"})
+		// Through the guard: a dead letter amqp091-go cannot parse (headers
+		// nested too deep, as other clients send) must not close the
+		// connection under every look (docs/limitations.md).
+		conn, err := amqpconn.Dial(ctx, amqpconn.Config{URLs: c.cfg.URLs, DialTimeout: 10 * time.Second, Name: "amqpretry console", Guard: framecheck.Guard})
 		if err != nil {
 			return nil, amqpconn.ServerVersion{}, fmt.Errorf("connect to %w", err) // err names the address, password hidden
 		}
