@@ -25,12 +25,14 @@
 // The broker is --url, else $AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/;
 // for a cluster, the nodes' URLs separated by commas (tried in a random order).
 // --header-prefix matches a recoverer configured with WithHeaderPrefix.
-// list and show take messages without acking them and hand them back, in
-// place, with basic.nack when they end: on a quorum queue with a delivery
-// limit RabbitMQ 4.0 counts each look as a delivery (4.3 no longer counts a
-// nack, but counts a look cut off by a killed command or a lost connection,
-// as every version does), and 4.x gives quorum queues a limit of 20 unless set otherwise, past
-// which a DLQ drops the message. dlx.Topology declares its quorum DLQ with a
+// list and show take messages without acking them and hand them back with
+// basic.nack, waiting until the queue has them again before they close their
+// channel (closed at once, a quorum queue counts them as returned by a look
+// cut off): on a quorum queue with a delivery limit RabbitMQ 3.10 and 4.0
+// count each look as a delivery (4.3 counts none, but counts a look cut off
+// by a killed command or a lost connection, as every version does), and 4.x
+// gives quorum queues a limit of 20 unless set otherwise, past which a DLQ
+// drops the message. dlx.Topology declares its quorum DLQ with a
 // limit of math.MaxInt32 for that reason (see dlx.Topology.DLQArguments); a
 // quorum DLQ declared without one should not be listed 20 times on 4.0.
 // What list and show print of a message is escaped in Go's notation: control
@@ -100,8 +102,8 @@ original routing key, exception, attempts (the handler's calls in the
 delivery that failed for good), broker retries (the trips through the
 broker's retry tiers or delayed redelivery before that, x-retry-count) and
 failure time.
-It takes them without acking and hands each back with basic.nack(requeue):
-they stay where they were, in order.
+It takes them without acking, hands each back with basic.nack(requeue)
+and waits until the queue has them again before it closes its channel.
 
 A dead letter RabbitMQ made itself (a consumer's reject, an expiry, a
 limit) has no fault headers: its original routing key, exchange and queue,
@@ -173,7 +175,7 @@ func (b brokerFlags) urls() ([]string, error) {
 	return urls, nil
 }
 
-func dlqList(ctx context.Context, args []string, stdout, _ io.Writer) error {
+func dlqList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("dlq list")
 	broker := addBrokerFlags(fs, true)
 	limit := fs.Int("limit", 100, "show at most `N` messages, from the head of the queue")
@@ -189,10 +191,12 @@ func dlqList(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return withChannel(urls, func(ch *amqp.Channel) error { return list(ctx, ch, queue, *limit, *broker.prefix, *asJSON, stdout) })
+	return withChannel(urls, func(ch *amqp.Channel) error {
+		return list(ctx, ch, queue, *limit, *broker.prefix, *asJSON, stdout, stderr)
+	})
 }
 
-func dlqShow(ctx context.Context, args []string, stdout, _ io.Writer) error {
+func dlqShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("dlq show")
 	broker := addBrokerFlags(fs, true)
 	index := fs.Int("index", 0, "the message at position `N`, 0 being the head")
@@ -211,7 +215,7 @@ func dlqShow(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return withChannel(urls, func(ch *amqp.Channel) error { return show(ctx, ch, queue, *index, *id, *broker.prefix, stdout) })
+	return withChannel(urls, func(ch *amqp.Channel) error { return show(ctx, ch, queue, *index, *id, *broker.prefix, stdout, stderr) })
 }
 
 func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -333,23 +337,23 @@ func withChannel(urls []string, f func(*amqp.Channel) error) error {
 }
 
 // Looking at a DLQ and reading its fault headers is shared with the console
-// (package deadletter): peek takes messages without acking them, handBack
-// puts them back with basic.nack(requeue), header reads a header as raw text
+// (package deadletter): look takes a snapshot and hands every message back
+// with basic.nack(requeue), waiting until the queue has them again before
+// the channel may close, header reads a header as raw text
 // (for matching; print it with shownHeader), originalKey is the routing key
 // a dead letter was first published with.
 var (
-	peek        = deadletter.Peek
-	handBack    = deadletter.HandBack
+	look        = deadletter.Look
 	header      = deadletter.Header
 	originalKey = deadletter.OriginalKey
 )
 
-func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix string, asJSON bool, stdout io.Writer) error {
-	msgs, err := peek(ctx, ch, queue, limit, nil)
-	if err != nil {
+func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix string, asJSON bool, stdout, stderr io.Writer) error {
+	msgs, err := look(ctx, ch, queue, limit, nil)
+	if err != nil && msgs == nil {
 		return err
 	}
-	defer handBack(msgs)
+	warnIf(stderr, err)
 	if asJSON {
 		out := make([]deadLetterJSON, 0, len(msgs))
 		for i := range msgs {
@@ -497,10 +501,10 @@ func failedAtText(d *amqp.Delivery, prefix string) string {
 	return orDash(shownHeader(d, prefix+recoverer.SuffixFailedAt))
 }
 
-func show(ctx context.Context, ch *amqp.Channel, queue string, index int, id string, prefix string, stdout io.Writer) error {
+func show(ctx context.Context, ch *amqp.Channel, queue string, index int, id string, prefix string, stdout, stderr io.Writer) error {
 	var d *amqp.Delivery
 	seen := 0
-	msgs, err := peek(ctx, ch, queue, 0, func(m amqp.Delivery) bool {
+	msgs, err := look(ctx, ch, queue, 0, func(m amqp.Delivery) bool {
 		seen++
 		if (id != "" && m.MessageId == id) || (id == "" && seen == index+1) {
 			d = &m
@@ -508,10 +512,10 @@ func show(ctx context.Context, ch *amqp.Channel, queue string, index int, id str
 		}
 		return false
 	})
-	if err != nil {
+	if err != nil && msgs == nil {
 		return err
 	}
-	defer handBack(msgs)
+	warnIf(stderr, err)
 	if d == nil {
 		if id != "" {
 			return fmt.Errorf("no message with id %q on %s (%d messages; amqpretry dlq list %s shows them)", id, queue, len(msgs), queue)
@@ -588,6 +592,14 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 		return fmt.Errorf("no message with id %q on %s", sel.id, queue)
 	}
 	return err
+}
+
+// warnIf says on stderr what went wrong after a look had what it shows:
+// the output stands, the warning says what it cost.
+func warnIf(stderr io.Writer, err error) {
+	if err != nil {
+		fmt.Fprintf(stderr, "amqpretry: warning: %v\n", err)
+	}
 }
 
 // shownHeader is a header's value, escaped for one line.
