@@ -1,9 +1,9 @@
 // Command amqpretry works the dead letters amqpretry's recoverer parks on
 // RabbitMQ queues, and the rows of an outbox table:
 //
-//	amqpretry dlq list    QUEUE [--limit N] [--json]        the messages at the head of a DLQ, left in place
-//	amqpretry dlq show    QUEUE [--index N | --id ID]       one message in full, left in place
-//	amqpretry dlq replay  QUEUE [--limit N] [--match RE] [--to QUEUE | --to-original-exchange]
+//	amqpretry dlq list    QUEUE [--limit N] [--match RE] [--error-type T] [--json]  the messages at the head of a DLQ, left in place
+//	amqpretry dlq show    QUEUE [--index N | --id ID] [--match RE] [--error-type T] one message in full, left in place
+//	amqpretry dlq replay  QUEUE [--limit N] [--match RE] [--error-type T] [--dry-run] [--to QUEUE | --to-original-exchange]
 //	amqpretry dlq purge   QUEUE --yes                       delete every ready message
 //
 //	amqpretry outbox list   [--failed] [--limit N] [--json] the rows, oldest first
@@ -68,7 +68,6 @@ import (
 	"maps"
 	"os"
 	"os/signal"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,15 +94,21 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
-const dlqListUsage = `amqpretry dlq list QUEUE [--limit N] [--json] [--url URL] [--header-prefix PREFIX]
+const dlqListUsage = `amqpretry dlq list QUEUE [--limit N] [--match REGEXP] [--error-type TYPE] [--json] [--url URL] [--header-prefix PREFIX]
 
-Shows the first --limit messages of QUEUE, a table of their message id,
+Shows the first --limit messages of QUEUE (with --match or --error-type,
+the first --limit they select, numbered among them, looking at the whole
+queue; one that selects nothing is an error), a table of their message id,
 original routing key, exception, attempts (the handler's calls in the
 delivery that failed for good), broker retries (the trips through the
 broker's retry tiers or delayed redelivery before that, x-retry-count) and
 failure time.
 It takes them without acking, hands each back with basic.nack(requeue)
 and waits until the queue has them again before it closes its channel.
+--match (a regular expression over the message id, original routing key,
+exception, each header as "name: value" and the body's first 4 KiB, in any
+case unless --case-sensitive) and --error-type (the recoverer's error-type
+header, in any case) select as replay's do.
 
 A dead letter RabbitMQ made itself (a consumer's reject, an expiry, a
 limit) has no fault headers: its original routing key, exchange and queue,
@@ -119,24 +124,30 @@ reason) come from its x-death header.
   entries), saying why: the other header fields are then empty, and the
   message stays on the queue intact.`
 
-const dlqShowUsage = `amqpretry dlq show QUEUE [--index N | --id MESSAGE_ID] [--url URL] [--header-prefix PREFIX]
+const dlqShowUsage = `amqpretry dlq show QUEUE [--index N | --id MESSAGE_ID] [--match REGEXP] [--error-type TYPE] [--url URL] [--header-prefix PREFIX]
 
 Prints one message of QUEUE in full: its properties, every header and the
 body (a binary body as a hex dump of its first 1024 bytes). --index counts
 from 0, the head of the queue (the default); --id picks the first message
-with that message id. The messages looked at stay where they were.`
+with that message id. --match and --error-type (as for list) pick among
+the messages they select, and one that selects nothing is an error. The
+messages looked at are handed back.`
 
-const dlqReplayUsage = `amqpretry dlq replay QUEUE [--limit N] [--id ID] [--match REGEXP] [--to QUEUE | --to-original-exchange] [--url URL] [--header-prefix PREFIX]
+const dlqReplayUsage = `amqpretry dlq replay QUEUE [--limit N] [--id ID] [--match REGEXP] [--error-type TYPE] [--dry-run] [--to QUEUE | --to-original-exchange] [--url URL] [--header-prefix PREFIX]
 
 Sends the messages of QUEUE back: by default to the queue they failed on
 (the recoverer's original-queue header), with --to to another queue, with
 --to-original-exchange to the exchange and routing key first used. Each is
 published with a confirm before it is acked off QUEUE; one without a
-destination, or not matching --match (a regular expression over the message
-id, original routing key, exception and the body's first 4 KiB), stays.
---id takes only the message(s) whose message id is exactly ID (producers
-that use a business key as the id may have several: add --limit 1 for the
-first); an --id that selects nothing is an error.`
+destination, or not selected, stays. --match is a regular expression over
+the message id, original routing key, exception, each header (as
+"name: value") and the body's first 4 KiB, in any case unless
+--case-sensitive; --error-type takes the messages whose error type (the
+recoverer's error-type header) is TYPE, in any case. --id takes only the
+message(s) whose message id is exactly ID (producers that use a business key
+as the id may have several: add --limit 1 for the first). A selection that
+selects nothing is an error. --dry-run prints what would be replayed and
+where to, and moves nothing (a look, as list's).`
 
 const dlqPurgeUsage = `amqpretry dlq purge QUEUE --yes [--url URL]
 
@@ -180,6 +191,7 @@ func dlqList(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	broker := addBrokerFlags(fs, true)
 	limit := fs.Int("limit", 100, "show at most `N` messages, from the head of the queue")
 	asJSON := fs.Bool("json", false, "print a JSON array, one object per message, instead of a table")
+	selFlags := addSelectionFlags(fs)
 	queue, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -187,24 +199,34 @@ func dlqList(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *limit < 1 {
 		return usagef("--limit expects 1 or more, got %d", *limit)
 	}
+	sel, err := selFlags.selection(*broker.prefix)
+	if err != nil {
+		return err
+	}
 	urls, err := broker.urls()
 	if err != nil {
 		return err
 	}
 	return withChannel(urls, func(ch *amqp.Channel) error {
-		return list(ctx, ch, queue, *limit, *broker.prefix, *asJSON, stdout, stderr)
+		return list(ctx, ch, queue, *limit, sel, *asJSON, stdout, stderr)
 	})
 }
 
 func dlqShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("dlq show")
 	broker := addBrokerFlags(fs, true)
-	index := fs.Int("index", 0, "the message at position `N`, 0 being the head")
+	index := fs.Int("index", 0, "the message at position `N`, 0 being the head (with --match or --error-type, the Nth they select)")
 	id := fs.String("id", "", "the first message with this message `ID`")
+	selFlags := addSelectionFlags(fs)
 	queue, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
+	sel, err := selFlags.selection(*broker.prefix)
+	if err != nil {
+		return err
+	}
+	sel.id, sel.idSet = *id, *id != ""
 	if isSet(fs, "index") && isSet(fs, "id") {
 		return usagef("show takes --index or --id, not both")
 	}
@@ -215,14 +237,15 @@ func dlqShow(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	return withChannel(urls, func(ch *amqp.Channel) error { return show(ctx, ch, queue, *index, *id, *broker.prefix, stdout, stderr) })
+	return withChannel(urls, func(ch *amqp.Channel) error { return show(ctx, ch, queue, *index, sel, stdout, stderr) })
 }
 
 func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("dlq replay")
 	broker := addBrokerFlags(fs, true)
 	limit := fs.Int("limit", 0, "replay at most `N` messages (0: every one)")
-	match := fs.String("match", "", "only messages whose id, original routing key, exception or body match this `REGEXP`")
+	selFlags := addSelectionFlags(fs)
+	dryRun := fs.Bool("dry-run", false, "print what would be replayed, and where to, and move nothing")
 	id := fs.String("id", "", "only the message(s) with exactly this message `ID` (add --limit 1 for the first)")
 	to := fs.String("to", "", "send to this `QUEUE`")
 	toOriginal := fs.Bool("to-original-exchange", false, "send to the exchange and routing key first used")
@@ -236,11 +259,9 @@ func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *to != "" && *toOriginal {
 		return usagef("replay takes --to or --to-original-exchange, not both")
 	}
-	var re *regexp.Regexp
-	if *match != "" {
-		if re, err = regexp.Compile(*match); err != nil {
-			return usagef("--match: %v", err)
-		}
+	sel, err := selFlags.selection(*broker.prefix)
+	if err != nil {
+		return err
 	}
 	urls, err := broker.urls()
 	if err != nil {
@@ -249,26 +270,21 @@ func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if isSet(fs, "id") && *id == "" {
 		return usagef("--id expects a message id")
 	}
-	return replay(ctx, urls, queue, replaySelection{limit: *limit, match: re, id: *id, idSet: isSet(fs, "id")}, *to, *toOriginal, *broker.prefix, stdout, stderr)
+	sel.id, sel.idSet = *id, isSet(fs, "id")
+	rs := replaySelection{selection: sel, limit: *limit}
+	if *dryRun {
+		return withChannel(urls, func(ch *amqp.Channel) error {
+			return dryRunReplay(ctx, ch, queue, rs, *to, *toOriginal, stdout, stderr)
+		})
+	}
+	return replay(ctx, urls, queue, rs, *to, *toOriginal, *broker.prefix, stdout, stderr)
 }
 
 // replaySelection is which dead letters replay moves: at most limit (0:
-// every one), those --match matches, and with --id only those whose
-// message id is exactly id.
+// every one) of those the selection selects.
 type replaySelection struct {
+	selection
 	limit int
-	match *regexp.Regexp
-	id    string
-	idSet bool
-}
-
-func (s replaySelection) selects(d *amqp.Delivery) bool {
-	if s.idSet && d.MessageId != s.id {
-		return false
-	}
-	re := s.match
-	return re == nil || re.MatchString(d.MessageId) || re.MatchString(originalKey(d)) ||
-		re.MatchString(deadletter.Exception(d)) || re.Match(d.Body[:min(len(d.Body), 4096)])
 }
 
 func dlqPurge(_ context.Context, args []string, stdout, _ io.Writer) error {
@@ -348,12 +364,16 @@ var (
 	originalKey = deadletter.OriginalKey
 )
 
-func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix string, asJSON bool, stdout, stderr io.Writer) error {
-	msgs, err := look(ctx, ch, queue, limit, nil)
+func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, sel selection, asJSON bool, stdout, stderr io.Writer) error {
+	prefix := sel.prefix
+	msgs, seen, err := lookSelected(ctx, ch, queue, limit, sel)
 	if err != nil && msgs == nil {
 		return err
 	}
 	warnIf(stderr, err)
+	if len(msgs) == 0 && sel.filters() {
+		return sel.noneSelected(queue, seen)
+	}
 	if asJSON {
 		out := make([]deadLetterJSON, 0, len(msgs))
 		for i := range msgs {
@@ -373,6 +393,9 @@ func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, prefix
 		return err
 	}
 	fmt.Fprintf(stdout, "%d message(s) shown from %s", len(msgs), queue)
+	if sel.filters() {
+		fmt.Fprintf(stdout, " (selected of %d looked at)", seen)
+	}
 	if len(msgs) > 0 {
 		fmt.Fprintf(stdout, "; amqpretry dlq show %s --index N prints one in full", queue)
 	}
@@ -501,12 +524,16 @@ func failedAtText(d *amqp.Delivery, prefix string) string {
 	return orDash(shownHeader(d, prefix+recoverer.SuffixFailedAt))
 }
 
-func show(ctx context.Context, ch *amqp.Channel, queue string, index int, id string, prefix string, stdout, stderr io.Writer) error {
+func show(ctx context.Context, ch *amqp.Channel, queue string, index int, sel selection, stdout, stderr io.Writer) error {
 	var d *amqp.Delivery
-	seen := 0
+	seen, selected := 0, 0
 	msgs, err := look(ctx, ch, queue, 0, func(m amqp.Delivery) bool {
 		seen++
-		if (id != "" && m.MessageId == id) || (id == "" && seen == index+1) {
+		if !sel.selects(&m) {
+			return false
+		}
+		selected++
+		if sel.idSet || selected == index+1 {
 			d = &m
 			return true
 		}
@@ -517,13 +544,102 @@ func show(ctx context.Context, ch *amqp.Channel, queue string, index int, id str
 	}
 	warnIf(stderr, err)
 	if d == nil {
-		if id != "" {
-			return fmt.Errorf("no message with id %q on %s (%d messages; amqpretry dlq list %s shows them)", id, queue, len(msgs), queue)
+		if selected == 0 && sel.filters() {
+			return sel.noneSelected(queue, seen)
 		}
-		return fmt.Errorf("no message at index %d on %s (%d messages; amqpretry dlq list %s shows them)", index, queue, len(msgs), queue)
+		return fmt.Errorf("no message at index %d on %s (%d selected of %d; amqpretry dlq list %s shows them)", index, queue, selected, seen, queue)
 	}
-	writeMessage(stdout, d, prefix)
+	writeMessage(stdout, d, sel.prefix)
 	return nil
+}
+
+// lookSelected looks at queue for the first limit messages sel selects,
+// taking as many as it must (every message, when sel filters), and returns
+// those with how many it looked at.
+func lookSelected(ctx context.Context, ch *amqp.Channel, queue string, limit int, sel selection) (selected []amqp.Delivery, seen int, err error) {
+	if !sel.filters() {
+		msgs, err := look(ctx, ch, queue, limit, nil)
+		return msgs, len(msgs), err
+	}
+	msgs, err := look(ctx, ch, queue, 0, func(m amqp.Delivery) bool {
+		if sel.selects(&m) {
+			selected = append(selected, m)
+		}
+		return len(selected) == limit
+	})
+	if err != nil && msgs == nil {
+		return nil, 0, err
+	}
+	if selected == nil {
+		selected = []amqp.Delivery{}
+	}
+	return selected, len(msgs), err
+}
+
+// dryRunReplay prints what replay would move, and where to, and moves
+// nothing: a look, which chooses as dlx.Replay does (the selection, a
+// destination, at most limit moved).
+func dryRunReplay(ctx context.Context, ch *amqp.Channel, queue string, sel replaySelection, to string, toOriginal bool, stdout, stderr io.Writer) error {
+	var selected []amqp.Delivery
+	moved := 0
+	msgs, err := look(ctx, ch, queue, 0, func(m amqp.Delivery) bool {
+		if sel.selects(&m) {
+			selected = append(selected, m)
+			if replayDestination(&m, to, toOriginal, sel.prefix) != "" {
+				moved++
+			}
+		}
+		return sel.limit > 0 && moved == sel.limit
+	})
+	if err != nil && msgs == nil {
+		return err
+	}
+	warnIf(stderr, err)
+	if len(selected) == 0 && sel.filters() {
+		return sel.noneSelected(queue, len(msgs))
+	}
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "MESSAGE ID\tEXCEPTION\tFAILED AT\tWOULD GO TO")
+	for i := range selected {
+		d := &selected[i]
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", orDash(escapeLine(d.MessageId)), oneLine(exceptionText(d), 60),
+			failedAtText(d, sel.prefix), orDash(escapeLine(replayDestination(d, to, toOriginal, sel.prefix))))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "dry run: would replay %d message(s) from %s, of %d looked at; nothing was moved", moved, queue, len(msgs))
+	if n := len(selected) - moved; n > 0 {
+		fmt.Fprintf(stdout, " (%d without a destination would stay)", n)
+	}
+	fmt.Fprintln(stdout)
+	return nil
+}
+
+// replayDestination is where replay would send d, as dlx.Replay chooses:
+// "" when it has nowhere to go.
+func replayDestination(d *amqp.Delivery, to string, toOriginal bool, prefix string) string {
+	switch {
+	case to != "":
+		return "queue " + to
+	case toOriginal:
+		exchange, key, _ := amqphdr.FirstPublished(d.Headers)
+		if exchange == "" && key == "" {
+			return ""
+		}
+		if exchange == "" {
+			exchange = "(default)"
+		}
+		return "exchange " + exchange + ", key " + key
+	}
+	q, _ := d.Headers[prefix+recoverer.SuffixOriginalQueue].(string)
+	if q == "" {
+		q, _ = d.Headers[amqphdr.XFirstDeathQueue].(string)
+	}
+	if q == "" {
+		return ""
+	}
+	return "queue " + q
 }
 
 // writeMessage is show's output: every property, header and the body, each
@@ -548,8 +664,15 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 	}
 	defer pub.Close()
 	opts := []dlx.ReplayOption{dlx.ReplayLimit(sel.limit), dlx.ReplayHeaderPrefix(prefix)}
-	if sel.match != nil || sel.idSet {
-		opts = append(opts, dlx.ReplayMatch(sel.selects))
+	selected := 0
+	if sel.filters() {
+		opts = append(opts, dlx.ReplayMatch(func(d *amqp.Delivery) bool {
+			ok := sel.selects(d)
+			if ok {
+				selected++
+			}
+			return ok
+		}))
 	}
 	switch {
 	case to != "":
@@ -588,8 +711,8 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 		}
 	}
 	fmt.Fprintln(stdout)
-	if err == nil && sel.idSet && res.Replayed == 0 {
-		return fmt.Errorf("no message with id %q on %s", sel.id, queue)
+	if err == nil && sel.filters() && selected == 0 {
+		return sel.noneSelected(queue, res.Scanned)
 	}
 	return err
 }
