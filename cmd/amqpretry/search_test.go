@@ -121,7 +121,11 @@ func TestREADMEMatchFindsGoHTTPClientErrors(t *testing.T) {
 	topo := withDeadLetters(t, 2) // two that are not timeouts
 	deadLetter(t, topo, "payment-1", err)
 	t.Logf("the dead letter's exception: %v", err)
-	code, out, errOut := amqpretry(t, "dlq", "replay", topo.DLQ(), "--match", "timeout", "--limit", "100", "--to", topo.Queue, "--dry-run")
+	code, out, errOut := amqpretry(t, "dlq", "list", topo.DLQ(), "--match", "timeout", "--error-type", "*http.timeoutError")
+	if code != 0 || !strings.Contains(out, "payment-1") || !strings.Contains(out, "1 message(s) shown") {
+		t.Errorf("list --match timeout --error-type *http.timeoutError: exit %d, want payment-1 alone:\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = amqpretry(t, "dlq", "replay", topo.DLQ(), "--match", "timeout", "--limit", "100", "--to", topo.Queue, "--dry-run")
 	if code != 0 || !strings.Contains(out, "payment-1") || !strings.Contains(out, "would replay 1 message(s)") {
 		t.Fatalf("--match timeout --dry-run: exit %d, want payment-1 alone:\n%s%s", code, out, errOut)
 	}

@@ -36,8 +36,8 @@ type selectionFlags struct {
 
 func addSelectionFlags(fs *flag.FlagSet) selectionFlags {
 	return selectionFlags{
-		match: fs.String("match", "", "only messages where this `REGEXP` matches the message id, original routing key, exception, a header (name: value) or the body's first 4 KiB; any case unless --case-sensitive"),
-		errorType: fs.String("error-type", "", "only messages whose error type (the recoverer's error-type header, error_type in list's JSON) is this `TYPE`, in any case"),
+		match:         fs.String("match", "", "only messages where this `REGEXP` matches the message id, original routing key, exception, a header (name: value) or the body's first 4 KiB; any case unless --case-sensitive"),
+		errorType:     fs.String("error-type", "", "only messages whose error type (the recoverer's error-type header, error_type in list's JSON) is this `TYPE`, in any case"),
 		caseSensitive: fs.Bool("case-sensitive", false, "--match tells upper from lower case"),
 	}
 }
