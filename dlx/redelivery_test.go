@@ -299,8 +299,11 @@ func TestDelayedRedeliveryEndToEnd(t *testing.T) {
 	for k := 1; k < len(seen); k++ {
 		gap := seen[k].began.Sub(seen[k-1].ended)
 		gaps = append(gaps, gap.Round(time.Millisecond))
-		if want := r.Delay(k); gap < want-20*time.Millisecond || gap > want+100*time.Millisecond {
-			t.Errorf("redelivery %d came %v after the failure, want %v (-20ms/+100ms)", k, gap, want)
+		// Never early (the delay is honoured); late by at most what a
+		// loaded machine adds (a tier's TTL fires when the broker gets to
+		// it: 720ms for 600ms was seen under load).
+		if want := r.Delay(k); gap < want-20*time.Millisecond || gap > want+500*time.Millisecond {
+			t.Errorf("redelivery %d came %v after the failure, want %v (-20ms/+500ms)", k, gap, want)
 		}
 	}
 	t.Logf("native=%v: the broker redelivered after %v (schedule %v)", native, gaps, r.Schedule())
