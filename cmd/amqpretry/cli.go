@@ -48,6 +48,7 @@ var commands []command
 func init() {
 	commands = []command{
 		{"dlq list", "show the messages at the head of a dead-letter queue; they stay where they are", dlqListUsage, dlqList},
+		{"dlq summary", "say what failed on a dead-letter queue: its causes, how many of each, since when", dlqSummaryUsage, dlqSummary},
 		{"dlq show", "print one dead letter in full: properties, headers and body", dlqShowUsage, dlqShow},
 		{"dlq replay", "send dead letters back to their queue (or another), each confirmed before it leaves", dlqReplayUsage, dlqReplay},
 		{"dlq purge", "delete every ready message of a queue", dlqPurgeUsage, dlqPurge},

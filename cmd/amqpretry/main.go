@@ -2,6 +2,7 @@
 // RabbitMQ queues, and the rows of an outbox table:
 //
 //	amqpretry dlq list    QUEUE [--limit N] [--match RE] [--error-type T] [--json]  the messages at the head of a DLQ, left in place
+//	amqpretry dlq summary QUEUE [--recent DURATION] [--json]  what failed, how many of each cause, since when
 //	amqpretry dlq show    QUEUE [--index N | --id ID] [--match RE] [--error-type T] one message in full, left in place
 //	amqpretry dlq replay  QUEUE [--limit N] [--match RE] [--error-type T] [--dry-run] [--to QUEUE | --to-original-exchange]
 //	amqpretry dlq purge   QUEUE --yes                       delete every ready message
