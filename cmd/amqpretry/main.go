@@ -62,6 +62,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -79,6 +80,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/audit"
+	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/console"
 	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/deadletter"
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
@@ -148,12 +151,20 @@ recoverer's error-type header) is TYPE, in any case. --id takes only the
 message(s) whose message id is exactly ID (producers that use a business key
 as the id may have several: add --limit 1 for the first). A selection that
 selects nothing is an error. --dry-run prints what would be replayed and
-where to, and moves nothing (a look, as list's).`
+where to, and moves nothing (a look, as list's).
 
-const dlqPurgeUsage = `amqpretry dlq purge QUEUE --yes [--url URL]
+Each replay appends one JSON line to the audit log, the console's: who
+(the OS user), the host, the queue, the destination, the keys of the
+messages asked for (id:MESSAGE_ID, or fp: and a fingerprint), how many
+were replayed and left, and the outcome. It goes to --audit FILE, by default
+$XDG_STATE_HOME/amqpretry/audit.log (else ~/.local/state/amqpretry/audit.log),
+- for standard error; --no-audit writes none. A log that cannot be opened
+stops the replay before it begins.`
+
+const dlqPurgeUsage = `amqpretry dlq purge QUEUE --yes [--audit FILE | --no-audit] [--url URL]
 
 Deletes every ready message of QUEUE; messages a consumer holds unacked
-stay with it.`
+stay with it. It appends an audit line as replay does.`
 
 // brokerFlags are the flags of the commands that reach the broker.
 type brokerFlags struct{ url, prefix *string }
@@ -247,6 +258,7 @@ func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	limit := fs.Int("limit", 0, "replay at most `N` messages (0: every one)")
 	selFlags := addSelectionFlags(fs)
 	dryRun := fs.Bool("dry-run", false, "print what would be replayed, and where to, and move nothing")
+	auditFlags := addAuditFlags(fs)
 	id := fs.String("id", "", "only the message(s) with exactly this message `ID` (add --limit 1 for the first)")
 	to := fs.String("to", "", "send to this `QUEUE`")
 	toOriginal := fs.Bool("to-original-exchange", false, "send to the exchange and routing key first used")
@@ -278,7 +290,12 @@ func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return dryRunReplay(ctx, ch, queue, rs, *to, *toOriginal, stdout, stderr)
 		})
 	}
-	return replay(ctx, urls, queue, rs, *to, *toOriginal, *broker.prefix, stdout, stderr)
+	log, err := auditFlags.open(stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	return replay(ctx, urls, queue, rs, *to, *toOriginal, *broker.prefix, log, stdout, stderr)
 }
 
 // replaySelection is which dead letters replay moves: at most limit (0:
@@ -288,10 +305,33 @@ type replaySelection struct {
 	limit int
 }
 
-func dlqPurge(_ context.Context, args []string, stdout, _ io.Writer) error {
+// auditFlags say where a dlq action's audit line goes.
+type auditFlags struct {
+	path *string
+	off  *bool
+}
+
+func addAuditFlags(fs *flag.FlagSet) auditFlags {
+	return auditFlags{
+		path: fs.String("audit", audit.DefaultPath(), "append an audit line (who, what, which messages, outcome) to `FILE`; - for standard error"),
+		off:  fs.Bool("no-audit", false, "write no audit line"),
+	}
+}
+
+// open opens the audit log before the action, so that a log that cannot
+// be written stops it; nil with --no-audit.
+func (f auditFlags) open(stderr io.Writer) (*audit.Log, error) {
+	if *f.off {
+		return nil, nil
+	}
+	return audit.Open(*f.path, stderr)
+}
+
+func dlqPurge(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("dlq purge")
 	broker := addBrokerFlags(fs, false)
 	yes := fs.Bool("yes", false, "really delete the messages")
+	auditFlags := addAuditFlags(fs)
 	queue, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -303,13 +343,26 @@ func dlqPurge(_ context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
+	log, err := auditFlags.open(stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
 	return withChannel(urls, func(ch *amqp.Channel) error {
+		entry := console.AuditEntry{Action: "purge", Queue: queue, Left: -1, Depth: -1}
+		if q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err == nil {
+			entry.Requested = q.Messages
+		}
 		n, err := ch.QueuePurge(queue, false)
 		if err != nil {
-			return fmt.Errorf("purge %s: %w", queue, err)
+			err = fmt.Errorf("purge %s: %w", queue, err)
+			entry.Outcome, entry.Summary, entry.Error = "failed", "purge failed", err.Error()
+			return errors.Join(err, log.Record(entry))
 		}
+		entry.Done, entry.Depth, entry.Left = n, 0, 0
+		entry.Outcome, entry.Summary = "ok", fmt.Sprintf("purged %d ready messages", n)
 		fmt.Fprintf(stdout, "purged %d ready messages from %s (unacked ones stay with their consumers)\n", n, queue)
-		return nil
+		return log.Record(entry)
 	})
 }
 
@@ -655,7 +708,7 @@ func writeMessage(w io.Writer, d *amqp.Delivery, prefix string) {
 	writeBody(w, d.ContentType, d.Body)
 }
 
-func replay(ctx context.Context, urls []string, queue string, sel replaySelection, to string, toOriginal bool, prefix string, stdout, stderr io.Writer) error {
+func replay(ctx context.Context, urls []string, queue string, sel replaySelection, to string, toOriginal bool, prefix string, log *audit.Log, stdout, stderr io.Writer) error {
 	// The publisher's own story (connected, reconnecting) is not the
 	// operator's: only its warnings and errors show.
 	quiet := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -665,21 +718,29 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 	}
 	defer pub.Close()
 	opts := []dlx.ReplayOption{dlx.ReplayLimit(sel.limit), dlx.ReplayHeaderPrefix(prefix)}
+	// The match sees every message dlx.Replay considers: those selected
+	// with a destination are the ones it goes on to publish, the keys the
+	// audit line lists.
 	selected := 0
-	if sel.filters() {
-		opts = append(opts, dlx.ReplayMatch(func(d *amqp.Delivery) bool {
-			ok := sel.selects(d)
-			if ok {
-				selected++
-			}
-			return ok
-		}))
-	}
+	var keys []string
+	opts = append(opts, dlx.ReplayMatch(func(d *amqp.Delivery) bool {
+		if !sel.selects(d) {
+			return false
+		}
+		selected++
+		if replayDestination(d, to, toOriginal, prefix) != "" {
+			keys = append(keys, console.Key(d))
+		}
+		return true
+	}))
+	entry := console.AuditEntry{Action: "replay", Queue: queue, Destination: "the queue each failed on"}
 	switch {
 	case to != "":
 		opts = append(opts, dlx.ReplayTo(to))
+		entry.Destination = "queue " + to
 	case toOriginal:
 		opts = append(opts, dlx.ReplayToOriginalExchange())
+		entry.Destination = "the original exchange and routing key"
 	}
 	last := time.Now()
 	opts = append(opts, dlx.ReplayProgress(func(s dlx.ReplayStats) {
@@ -695,8 +756,14 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 		res, err = deadletter.Replay(ctx, ch, pub, queue, opts...)
 		return err
 	})
+	entry.Messages, entry.Requested, entry.Done, entry.Depth = keys, len(keys), res.Replayed, res.Left
+	entry.Left = len(keys) - res.Replayed
+	entry.Outcome, entry.Summary = "ok", fmt.Sprintf("replayed %d, %d left", res.Replayed, entry.Left)
+	if err != nil {
+		entry.Outcome, entry.Error = "failed", err.Error()
+	}
 	if res.Scanned == 0 && err != nil {
-		return err
+		return errors.Join(err, log.Record(entry))
 	}
 	fmt.Fprintf(stdout, "replayed %d message(s) from %s", res.Replayed, queue)
 	if n := res.Skipped - res.Unreadable; n > 0 {
@@ -713,9 +780,10 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 	}
 	fmt.Fprintln(stdout)
 	if err == nil && sel.filters() && selected == 0 {
-		return sel.noneSelected(queue, res.Scanned)
+		err = sel.noneSelected(queue, res.Scanned)
+		entry.Outcome, entry.Error = "failed", err.Error()
 	}
-	return err
+	return errors.Join(err, log.Record(entry))
 }
 
 // warnIf says on stderr what went wrong after a look had what it shows:

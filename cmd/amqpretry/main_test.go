@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -23,7 +24,19 @@ import (
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain gives the tests an audit log of their own: replay and purge
+// write one by default, under $XDG_STATE_HOME.
+func TestMain(m *testing.M) {
+	state, err := os.MkdirTemp("", "amqpretry-state")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("XDG_STATE_HOME", state)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		os.RemoveAll(state)
+		os.Exit(code)
+	}))
+}
 
 // amqpretry runs the command and returns its exit status and output.
 func amqpretry(t *testing.T, args ...string) (int, string, string) {
