@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,15 +55,19 @@ func TestDLQToolsCarryOnPastAnUnreadableDeadLetter(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &msgs); code != 0 || err != nil || len(msgs) != 3 {
 		t.Fatalf("list --json: exit %d (%s), %v:\n%s", code, errOut, err, out)
 	}
-	if reason, _ := msgs[1]["unreadable_headers"].(string); !strings.Contains(reason, "nest deeper than 32") {
-		t.Errorf("message 1's unreadable_headers = %q", reason)
+	// list shows them by failure time (the last two have none), then by key.
+	if ids := idsOf(msgs); !slices.Equal(ids, []string{"order-0", "after", "unreadable"}) {
+		t.Errorf("list --json shows %v", ids)
+	}
+	if reason, _ := msgs[2]["unreadable_headers"].(string); !strings.Contains(reason, "nest deeper than 32") {
+		t.Errorf("the unreadable message's unreadable_headers = %q", reason)
 	}
 	if _, ok := msgs[0]["unreadable_headers"]; ok {
 		t.Errorf("message 0 is readable: %v", msgs[0])
 	}
-	code, out, errOut = amqpretry(t, "dlq", "show", topo.DLQ(), "--index", "2")
+	code, out, errOut = amqpretry(t, "dlq", "show", topo.DLQ(), "--id", "after")
 	if code != 0 || !strings.Contains(out, "message id:     after") {
-		t.Errorf("show --index 2: exit %d (%s):\n%s", code, errOut, out)
+		t.Errorf("show --id after: exit %d (%s):\n%s", code, errOut, out)
 	}
 
 	code, out, errOut = amqpretry(t, "dlq", "replay", topo.DLQ())
@@ -204,10 +209,20 @@ func TestDLQToolsCarryOnPastAnUnreadableDeadLetterOverTLS(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &msgs); code != 0 || err != nil || len(msgs) != 3 {
 		t.Fatalf("list --json over TLS: exit %d (%s), %v:\n%s", code, stderr.String(), err, stdout.String())
 	}
-	if msgs[1]["unreadable_headers"] == nil || msgs[2]["message_id"] != "after" {
+	if msgs[2]["unreadable_headers"] == nil || !slices.Equal(idsOf(msgs), []string{"after", "before", "unreadable"}) {
 		t.Errorf("list --json over TLS: %v", msgs)
 	}
 	if n := brokertest.Depth(t, q); n != 3 {
 		t.Errorf("the queue holds %d, want its 3 messages back", n)
 	}
+}
+
+// idsOf is the message_id of each message of list --json.
+func idsOf(msgs []map[string]any) []string {
+	var ids []string
+	for _, m := range msgs {
+		id, _ := m["message_id"].(string)
+		ids = append(ids, id)
+	}
+	return ids
 }

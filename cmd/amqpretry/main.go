@@ -3,7 +3,7 @@
 //
 //	amqpretry dlq list    QUEUE [--limit N] [--match RE] [--error-type T] [--json]  the messages at the head of a DLQ, left in place
 //	amqpretry dlq summary QUEUE [--recent DURATION] [--json]  what failed, how many of each cause, since when
-//	amqpretry dlq show    QUEUE [--index N | --id ID] [--match RE] [--error-type T] one message in full, left in place
+//	amqpretry dlq show    QUEUE [--id ID | --key KEY] [--match RE] [--error-type T] one message in full, left in place
 //	amqpretry dlq replay  QUEUE [--limit N] [--match RE] [--error-type T] [--dry-run] [--to QUEUE | --to-original-exchange]
 //	amqpretry dlq purge   QUEUE --yes                       delete every ready message
 //
@@ -101,12 +101,17 @@ func main() {
 const dlqListUsage = `amqpretry dlq list QUEUE [--limit N] [--match REGEXP] [--error-type TYPE] [--json] [--url URL] [--header-prefix PREFIX]
 
 Shows the first --limit messages of QUEUE (with --match or --error-type,
-the first --limit they select, numbered among them, looking at the whole
-queue; one that selects nothing is an error), a table of their message id,
+the first --limit they select, looking at the whole queue; one that selects
+nothing is an error), oldest failure first, a table of their message id
+(for one without an id, its key: fp: and a fingerprint of its body,
+properties and headers),
 original routing key, exception, attempts (the handler's calls in the
 delivery that failed for good), broker retries (the trips through the
 broker's retry tiers or delayed redelivery before that, x-retry-count) and
-failure time.
+failure time. A look takes messages from the head of the queue, and a
+quorum queue puts those handed back behind the rest, so which messages a
+--limit smaller than the queue takes changes from one look to the next;
+their order on the page, and their keys (show --id, show --key), do not.
 It takes them without acking, hands each back with basic.nack(requeue)
 and waits until the queue has them again before it closes its channel.
 --match (a regular expression over the message id, original routing key,
@@ -120,7 +125,8 @@ its failure time, attempts (the latest death's count) and exception (the
 reason) come from its x-death header.
 
 --json prints a JSON array instead, one object per message, with the fields
-  index, message_id, routing_key (the original one), original_exchange,
+  index (the place in this list), key (what show --key takes: id: and the
+  message id, or fp: and a fingerprint), message_id, routing_key (the original one), original_exchange,
   original_queue, exception (whole), error_type, attempts (null when unknown),
   retries (broker retries), failed_at and timestamp (RFC 3339, null when unset), content_type,
   body_bytes, and unreadable_headers, present only for a message whose
@@ -128,14 +134,17 @@ reason) come from its x-death header.
   entries), saying why: the other header fields are then empty, and the
   message stays on the queue intact.`
 
-const dlqShowUsage = `amqpretry dlq show QUEUE [--index N | --id MESSAGE_ID] [--match REGEXP] [--error-type TYPE] [--url URL] [--header-prefix PREFIX]
+const dlqShowUsage = `amqpretry dlq show QUEUE [--id MESSAGE_ID | --key KEY] [--match REGEXP] [--error-type TYPE] [--url URL] [--header-prefix PREFIX]
 
 Prints one message of QUEUE in full: its properties, every header and the
-body (a binary body as a hex dump of its first 1024 bytes). --index counts
-from 0, the head of the queue (the default); --id picks the first message
-with that message id. --match and --error-type (as for list) pick among
-the messages they select, and one that selects nothing is an error. The
-messages looked at are handed back.`
+body (a binary body as a hex dump of its first 1024 bytes). --id picks the
+first message with that message id, --key the first with that key as list
+shows it (id:MESSAGE_ID, or fp: and a fingerprint for a message without an
+id); --match and --error-type (as for list) the first they select; without
+any, the message at the head of the queue now. One that selects nothing is
+an error. The messages looked at are handed back. (--index is gone: a
+quorum queue reorders at each look, so a position named another message
+each time.)`
 
 const dlqReplayUsage = `amqpretry dlq replay QUEUE [--limit N] [--id ID] [--match REGEXP] [--error-type TYPE] [--dry-run] [--to QUEUE | --to-original-exchange] [--url URL] [--header-prefix PREFIX]
 
@@ -227,8 +236,9 @@ func dlqList(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func dlqShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("dlq show")
 	broker := addBrokerFlags(fs, true)
-	index := fs.Int("index", 0, "the message at position `N`, 0 being the head (with --match or --error-type, the Nth they select)")
+	index := fs.String("index", "", "gone: use --id or --key, as dlq list shows them")
 	id := fs.String("id", "", "the first message with this message `ID`")
+	key := fs.String("key", "", "the first message with this `KEY`, as dlq list shows it (id:ID, or fp:FINGERPRINT)")
 	selFlags := addSelectionFlags(fs)
 	queue, err := parse(fs, args)
 	if err != nil {
@@ -239,17 +249,18 @@ func dlqShow(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	sel.id, sel.idSet = *id, *id != ""
-	if isSet(fs, "index") && isSet(fs, "id") {
-		return usagef("show takes --index or --id, not both")
+	sel.key = *key
+	if isSet(fs, "index") {
+		return usagef("--index %s: --index is gone, since a quorum DLQ reorders its messages at each look and a position named another message each time; use --id MESSAGE_ID or --key KEY, as amqpretry dlq list %s shows them", *index, queue)
 	}
-	if *index < 0 {
-		return usagef("--index expects 0 (the head) or more, got %d", *index)
+	if isSet(fs, "key") && isSet(fs, "id") {
+		return usagef("show takes --id or --key, not both")
 	}
 	urls, err := broker.urls()
 	if err != nil {
 		return err
 	}
-	return withChannel(urls, func(ch *amqp.Channel) error { return show(ctx, ch, queue, *index, sel, stdout, stderr) })
+	return withChannel(urls, func(ch *amqp.Channel) error { return show(ctx, ch, queue, sel, stdout, stderr) })
 }
 
 func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -428,6 +439,7 @@ func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, sel se
 	if len(msgs) == 0 && sel.filters() {
 		return sel.noneSelected(queue, seen)
 	}
+	sortByFailure(msgs, prefix)
 	if asJSON {
 		out := make([]deadLetterJSON, 0, len(msgs))
 		for i := range msgs {
@@ -436,9 +448,9 @@ func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, sel se
 		return writeJSON(stdout, out)
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "#\tMESSAGE ID\tROUTING KEY\tEXCEPTION\tATTEMPTS\tBROKER RETRIES\tFAILED AT")
-	for i, d := range msgs {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", i, orDash(escapeLine(d.MessageId)), orDash(escapeLine(originalKey(&d))),
+	fmt.Fprintln(w, "MESSAGE ID\tROUTING KEY\tEXCEPTION\tATTEMPTS\tBROKER RETRIES\tFAILED AT")
+	for _, d := range msgs {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", idOrKey(&d), orDash(escapeLine(originalKey(&d))),
 			oneLine(exceptionText(&d), 60),
 			orDash(shownHeader(&d, prefix+recoverer.SuffixAttempts)), dlx.RetryCount(&d),
 			failedAtText(&d, prefix))
@@ -451,7 +463,7 @@ func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, sel se
 		fmt.Fprintf(stdout, " (selected of %d looked at)", seen)
 	}
 	if len(msgs) > 0 {
-		fmt.Fprintf(stdout, "; amqpretry dlq show %s --index N prints one in full", queue)
+		fmt.Fprintf(stdout, "; amqpretry dlq show %s --id ID (--key fp:… for one without an id) prints one in full", queue)
 	}
 	fmt.Fprintln(stdout)
 	return nil
@@ -461,6 +473,7 @@ func list(ctx context.Context, ch *amqp.Channel, queue string, limit int, sel se
 // the fields, whose names do not change.
 type deadLetterJSON struct {
 	Index            int       `json:"index"`
+	Key              string    `json:"key"`
 	MessageID        string    `json:"message_id"`
 	RoutingKey       string    `json:"routing_key"`
 	OriginalExchange string    `json:"original_exchange"`
@@ -489,7 +502,7 @@ func exceptionText(d *amqp.Delivery) string {
 
 func deadLetterOf(i int, d *amqp.Delivery, prefix string) deadLetterJSON {
 	m := deadLetterJSON{
-		Index: i, MessageID: d.MessageId, RoutingKey: originalKey(d),
+		Index: i, Key: console.Key(d), MessageID: d.MessageId, RoutingKey: originalKey(d),
 		OriginalExchange: deadletter.OriginalExchange(d), OriginalQueue: deadletter.OriginalQueue(d, prefix),
 		Exception: deadletter.Exception(d), ErrorType: header(d, prefix+recoverer.SuffixErrorType),
 		Retries: dlx.RetryCount(d), ContentType: d.ContentType, BodyBytes: len(d.Body),
@@ -578,16 +591,12 @@ func failedAtText(d *amqp.Delivery, prefix string) string {
 	return orDash(shownHeader(d, prefix+recoverer.SuffixFailedAt))
 }
 
-func show(ctx context.Context, ch *amqp.Channel, queue string, index int, sel selection, stdout, stderr io.Writer) error {
+func show(ctx context.Context, ch *amqp.Channel, queue string, sel selection, stdout, stderr io.Writer) error {
 	var d *amqp.Delivery
-	seen, selected := 0, 0
+	seen := 0
 	msgs, err := look(ctx, ch, queue, 0, func(m amqp.Delivery) bool {
 		seen++
-		if !sel.selects(&m) {
-			return false
-		}
-		selected++
-		if sel.idSet || selected == index+1 {
+		if sel.selects(&m) {
 			d = &m
 			return true
 		}
@@ -598,13 +607,53 @@ func show(ctx context.Context, ch *amqp.Channel, queue string, index int, sel se
 	}
 	warnIf(stderr, err)
 	if d == nil {
-		if selected == 0 && sel.filters() {
+		if sel.filters() {
 			return sel.noneSelected(queue, seen)
 		}
-		return fmt.Errorf("no message at index %d on %s (%d selected of %d; amqpretry dlq list %s shows them)", index, queue, selected, seen, queue)
+		return fmt.Errorf("%s is empty", queue)
 	}
 	writeMessage(stdout, d, sel.prefix)
 	return nil
+}
+
+// sortByFailure orders msgs oldest failure first (those without a failure
+// time last), then by key: an order that does not depend on the queue's,
+// which a quorum queue changes at each look.
+func sortByFailure(msgs []amqp.Delivery, prefix string) {
+	type entry struct {
+		at  time.Time
+		key string
+		d   amqp.Delivery
+	}
+	entries := make([]entry, len(msgs))
+	for i := range msgs {
+		t, _ := failedAt(&msgs[i], prefix)
+		entries[i] = entry{t, console.Key(&msgs[i]), msgs[i]}
+	}
+	slices.SortStableFunc(entries, func(a, b entry) int {
+		if a.at.IsZero() != b.at.IsZero() {
+			if a.at.IsZero() {
+				return 1
+			}
+			return -1
+		}
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	for i, e := range entries {
+		msgs[i] = e.d
+	}
+}
+
+// idOrKey names a message in list's table: its id, or for one without, its
+// key (fp: and a fingerprint), which show --key takes.
+func idOrKey(d *amqp.Delivery) string {
+	if d.MessageId != "" {
+		return escapeLine(d.MessageId)
+	}
+	return console.Key(d)
 }
 
 // lookSelected looks at queue for the first limit messages sel selects,

@@ -133,13 +133,13 @@ func TestListJSON(t *testing.T) {
 	if len(msgs) != 3 {
 		t.Fatalf("%d messages, want 3:\n%s", len(msgs), out)
 	}
-	want := []string{"index", "message_id", "routing_key", "original_exchange", "original_queue", "exception", "error_type",
+	want := []string{"index", "key", "message_id", "routing_key", "original_exchange", "original_queue", "exception", "error_type",
 		"attempts", "retries", "failed_at", "timestamp", "content_type", "body_bytes"}
 	if keys := slices.Sorted(maps.Keys(msgs[0])); !slices.Equal(keys, slices.Sorted(slices.Values(want))) {
 		t.Errorf("fields %v, want %v", keys, want)
 	}
 	m := msgs[1]
-	if m["index"] != 1.0 || m["message_id"] != "order-1" || m["routing_key"] != topo.Queue || m["original_queue"] != topo.Queue ||
+	if m["index"] != 1.0 || m["key"] != "id:order-1" || m["message_id"] != "order-1" || m["routing_key"] != topo.Queue || m["original_queue"] != topo.Queue ||
 		m["exception"] != "tax service\ntimed out" || m["attempts"] == nil || m["retries"] != 0.0 || m["timestamp"] != nil ||
 		m["body_bytes"] != float64(len(`{"order":1}`)) {
 		t.Errorf("message 1: %v", m)
@@ -168,8 +168,8 @@ func TestShow(t *testing.T) {
 	if !strings.Contains(out, "timestamp:      -\n") || !regexp.MustCompile(`failed at:      \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\n`).MatchString(out) {
 		t.Errorf("show's times:\n%s", out)
 	}
-	if code, _, errOut := amqpretry(t, "dlq", "show", topo.DLQ(), "--index", "7"); code != 1 || !strings.Contains(errOut, "no message at index 7") {
-		t.Errorf("missing index: exit %d, %s", code, errOut)
+	if code, _, errOut := amqpretry(t, "dlq", "show", topo.DLQ(), "--key", "id:order-7"); code != 1 || !strings.Contains(errOut, `no message with key "id:order-7"`) {
+		t.Errorf("missing key: exit %d, %s", code, errOut)
 	}
 }
 
@@ -248,7 +248,7 @@ func TestInspectingHandsBackWithNacks(t *testing.T) {
 	if code := run(context.Background(), []string{"dlq", "list", topo.DLQ(), "--url", url}, &stdout, &stderr); code != 0 {
 		t.Fatalf("list: exit %d: %s", code, stderr.String())
 	}
-	if code := run(context.Background(), []string{"dlq", "show", "--index", "1", topo.DLQ(), "--url", url}, &stdout, &stderr); code != 0 {
+	if code := run(context.Background(), []string{"dlq", "show", "--id", "order-1", topo.DLQ(), "--url", url}, &stdout, &stderr); code != 0 {
 		t.Fatalf("show: exit %d: %s", code, stderr.String())
 	}
 	brokertest.Eventually(t, 5*time.Second, "the frames through the proxy", func() bool { return proxy.Sent("basic.nack")+proxy.Sent("basic.reject") >= 5 })
@@ -297,7 +297,7 @@ func TestHostileDeadLetterIsShownEscaped(t *testing.T) {
 		want []string
 	}{
 		{[]string{"dlq", "list", dlq}, []string{`id\x1b[2J\u202e`, `key\r\a\x1b[1A`, `boom\x1b[31m \u009b2J second`, `3\x1b[K`, `\u202eevil\a`, "2 message(s) shown"}},
-		{[]string{"dlq", "show", dlq, "--index", "0"}, []string{
+		{[]string{"dlq", "show", dlq}, []string{
 			"message id:     id\\x1b[2J\\u202e\n", `content type:   text/\x1b]52;c;ZXZpbA==\aplain`,
 			`  h\x1b[8m: map[k\r:[\x1b]0;title\a \xff\xfe]]`, "  x-exception-stacktrace: line1\n    \\tline2\\r\\x1b[A\n",
 			fmt.Sprintf("body (%d bytes):\nhello \\x1b]52;c;cm0gLXJm\\a world\\r\nsecond line \\u202e\\u009b\n", len(hostile.Body)),

@@ -52,9 +52,9 @@ func TestMatchAndErrorTypeSelect(t *testing.T) {
 			}
 		}
 	}
-	code, out, errOut := amqpretry(t, "dlq", "show", topo.DLQ(), "--match", "timed out", "--index", "1")
+	code, out, errOut := amqpretry(t, "dlq", "show", topo.DLQ(), "--match", "timed out", "--id", "order-3")
 	if code != 0 || !strings.Contains(out, "message id:     order-3") {
-		t.Errorf("show --match 'timed out' --index 1: exit %d, want order-3:\n%s%s", code, out, errOut)
+		t.Errorf("show --match 'timed out' --id order-3: exit %d, want order-3:\n%s%s", code, out, errOut)
 	}
 	for _, cmd := range []string{"list", "show", "replay"} {
 		code, out, errOut := amqpretry(t, "dlq", cmd, topo.DLQ(), "--match", "no such cause")

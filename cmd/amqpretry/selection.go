@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/console"
 	"github.com/amqpretry/amqpretry/cmd/amqpretry/internal/deadletter"
 	"github.com/amqpretry/amqpretry/recoverer"
 )
@@ -25,6 +26,7 @@ type selection struct {
 	errorType string
 	id        string
 	idSet     bool
+	key       string // console.Key's: id:..., fp:...
 	prefix    string // the recoverer's header prefix
 }
 
@@ -61,10 +63,15 @@ func (f selectionFlags) selection(prefix string) (selection, error) {
 }
 
 // filters says whether the selection leaves any message out.
-func (s selection) filters() bool { return s.match != nil || s.errorType != "" || s.idSet }
+func (s selection) filters() bool {
+	return s.match != nil || s.errorType != "" || s.idSet || s.key != ""
+}
 
 func (s selection) selects(d *amqp.Delivery) bool {
 	if s.idSet && d.MessageId != s.id {
+		return false
+	}
+	if s.key != "" && console.Key(d) != s.key {
 		return false
 	}
 	if s.errorType != "" && !strings.EqualFold(header(d, s.prefix+recoverer.SuffixErrorType), s.errorType) {
@@ -93,6 +100,9 @@ func (s selection) noneSelected(queue string, seen int) error {
 	var what []string
 	if s.idSet {
 		what = append(what, fmt.Sprintf("with id %q", s.id))
+	}
+	if s.key != "" {
+		what = append(what, fmt.Sprintf("with key %q", s.key))
 	}
 	if s.match != nil {
 		how := "in any case"
