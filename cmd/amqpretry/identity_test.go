@@ -80,3 +80,38 @@ func TestShowByFingerprint(t *testing.T) {
 		t.Errorf("show --index: exit %d, want 2 and what to use instead: %s", code, errOut)
 	}
 }
+
+// replay --limit N replays the N oldest failures, wherever looks have left
+// them on a quorum DLQ (issue 40: it replayed an arbitrary N).
+func TestReplayLimitTakesTheOldestFailures(t *testing.T) {
+	const n = 10
+	topo := quorumDeadLetters(t, n)
+	to := brokertest.Name(t, "to")
+	brokertest.Queue(t, to, nil)
+	t.Cleanup(func() { brokertest.DeleteQueue(t, to) })
+	for range 2 { // on RabbitMQ 4.3, puts order-0…2 behind the rest
+		for _, args := range [][]string{{"--limit", "3"}, nil} {
+			if code, out, errOut := amqpretry(t, append([]string{"dlq", "list", topo.DLQ()}, args...)...); code != 0 {
+				t.Fatalf("list %v: exit %d: %s%s", args, code, out, errOut)
+			}
+		}
+	}
+	code, out, errOut := amqpretry(t, "dlq", "replay", topo.DLQ(), "--limit", "3", "--to", to, "--dry-run")
+	if code != 0 || !strings.Contains(out, "order-0") || !strings.Contains(out, "order-2") || strings.Contains(out, "order-3") {
+		t.Errorf("dry run --limit 3: exit %d, want order-0…2:\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := amqpretry(t, "dlq", "replay", topo.DLQ(), "--limit", "3", "--to", to); code != 0 || !strings.Contains(out, "replayed 3 message(s)") {
+		t.Fatalf("replay --limit 3: exit %d:\n%s%s", code, out, errOut)
+	}
+	var got []string
+	for _, d := range drainQueue(t, to) {
+		got = append(got, d.MessageId)
+	}
+	slices.Sort(got)
+	if want := []string{"order-0", "order-1", "order-2"}; !slices.Equal(got, want) {
+		t.Errorf("replay --limit 3 moved %v, want the oldest failures %v", got, want)
+	}
+	if d := brokertest.Depth(t, topo.DLQ()); d != n-3 {
+		t.Errorf("the DLQ holds %d, want %d", d, n-3)
+	}
+}

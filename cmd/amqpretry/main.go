@@ -158,8 +158,10 @@ the message id, original routing key, exception, each header (as
 --case-sensitive; --error-type takes the messages whose error type (the
 recoverer's error-type header) is TYPE, in any case. --id takes only the
 message(s) whose message id is exactly ID (producers that use a business key
-as the id may have several: add --limit 1 for the first). A selection that
-selects nothing is an error. --dry-run prints what would be replayed and
+as the id may have several: add --limit 1 for the oldest). --limit N
+replays the N selected messages that failed first, found by a look at the
+whole queue before the replay (a quorum queue's head is whatever the last
+look left there). A selection that selects nothing is an error. --dry-run prints what would be replayed and
 where to, and moves nothing (a look, as list's).
 
 Each replay appends one JSON line to the audit log, the console's: who
@@ -266,11 +268,11 @@ func dlqShow(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("dlq replay")
 	broker := addBrokerFlags(fs, true)
-	limit := fs.Int("limit", 0, "replay at most `N` messages (0: every one)")
+	limit := fs.Int("limit", 0, "replay the `N` oldest failures (0: every one)")
 	selFlags := addSelectionFlags(fs)
 	dryRun := fs.Bool("dry-run", false, "print what would be replayed, and where to, and move nothing")
 	auditFlags := addAuditFlags(fs)
-	id := fs.String("id", "", "only the message(s) with exactly this message `ID` (add --limit 1 for the first)")
+	id := fs.String("id", "", "only the message(s) with exactly this message `ID` (add --limit 1 for the oldest)")
 	to := fs.String("to", "", "send to this `QUEUE`")
 	toOriginal := fs.Bool("to-original-exchange", false, "send to the exchange and routing key first used")
 	queue, err := parse(fs, args)
@@ -309,8 +311,8 @@ func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return replay(ctx, urls, queue, rs, *to, *toOriginal, *broker.prefix, log, stdout, stderr)
 }
 
-// replaySelection is which dead letters replay moves: at most limit (0:
-// every one) of those the selection selects.
+// replaySelection is which dead letters replay moves: of those the
+// selection selects, the limit oldest failures (0: every one).
 type replaySelection struct {
 	selection
 	limit int
@@ -680,43 +682,56 @@ func lookSelected(ctx context.Context, ch *amqp.Channel, queue string, limit int
 }
 
 // dryRunReplay prints what replay would move, and where to, and moves
-// nothing: a look, which chooses as dlx.Replay does (the selection, a
-// destination, at most limit moved).
+// nothing: a look, which chooses as replay does (the selection, a
+// destination, the oldest --limit failures).
 func dryRunReplay(ctx context.Context, ch *amqp.Channel, queue string, sel replaySelection, to string, toOriginal bool, stdout, stderr io.Writer) error {
-	var selected []amqp.Delivery
-	moved := 0
-	msgs, err := look(ctx, ch, queue, 0, func(m amqp.Delivery) bool {
-		if sel.selects(&m) {
-			selected = append(selected, m)
-			if replayDestination(&m, to, toOriginal, sel.prefix) != "" {
-				moved++
-			}
-		}
-		return sel.limit > 0 && moved == sel.limit
-	})
+	msgs, err := look(ctx, ch, queue, 0, nil)
 	if err != nil && msgs == nil {
 		return err
 	}
 	warnIf(stderr, err)
-	if len(selected) == 0 && sel.filters() {
+	moving, staying, selected := sel.choose(msgs, to, toOriginal)
+	if selected == 0 && sel.filters() {
 		return sel.noneSelected(queue, len(msgs))
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "MESSAGE ID\tEXCEPTION\tFAILED AT\tWOULD GO TO")
-	for i := range selected {
-		d := &selected[i]
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", orDash(escapeLine(d.MessageId)), oneLine(exceptionText(d), 60),
-			failedAtText(d, sel.prefix), orDash(escapeLine(replayDestination(d, to, toOriginal, sel.prefix))))
+	for i := range moving {
+		d := &moving[i]
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", idOrKey(d), oneLine(exceptionText(d), 60),
+			failedAtText(d, sel.prefix), escapeLine(replayDestination(d, to, toOriginal, sel.prefix)))
 	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "dry run: would replay %d message(s) from %s, of %d looked at; nothing was moved", moved, queue, len(msgs))
-	if n := len(selected) - moved; n > 0 {
-		fmt.Fprintf(stdout, " (%d without a destination would stay)", n)
+	fmt.Fprintf(stdout, "dry run: would replay %d message(s) from %s, of %d looked at; nothing was moved", len(moving), queue, len(msgs))
+	if staying > 0 {
+		fmt.Fprintf(stdout, " (%d selected without a destination would stay)", staying)
 	}
 	fmt.Fprintln(stdout)
 	return nil
+}
+
+// choose is what replay moves of msgs, a look at the whole queue: those
+// selected with a destination, oldest failure first, at most limit; with
+// how many selected have no destination, and how many were selected.
+func (sel replaySelection) choose(msgs []amqp.Delivery, to string, toOriginal bool) (moving []amqp.Delivery, staying, selected int) {
+	for _, d := range msgs {
+		if !sel.selects(&d) {
+			continue
+		}
+		selected++
+		if replayDestination(&d, to, toOriginal, sel.prefix) == "" {
+			staying++
+			continue
+		}
+		moving = append(moving, d)
+	}
+	sortByFailure(moving, sel.prefix)
+	if sel.limit > 0 && len(moving) > sel.limit {
+		moving = moving[:sel.limit]
+	}
+	return moving, staying, selected
 }
 
 // replayDestination is where replay would send d, as dlx.Replay chooses:
@@ -767,6 +782,27 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 	}
 	defer pub.Close()
 	opts := []dlx.ReplayOption{dlx.ReplayLimit(sel.limit), dlx.ReplayHeaderPrefix(prefix)}
+	// With a limit, the oldest failures go: a look finds their keys, since
+	// a quorum queue's head is whatever the last look left there.
+	var quota map[string]int
+	if sel.limit > 0 {
+		err := withChannel(urls, func(ch *amqp.Channel) error {
+			msgs, err := look(ctx, ch, queue, 0, nil)
+			if err != nil && msgs == nil {
+				return err
+			}
+			warnIf(stderr, err)
+			moving, _, _ := sel.choose(msgs, to, toOriginal)
+			quota = make(map[string]int, len(moving))
+			for i := range moving {
+				quota[console.Key(&moving[i])]++
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
 	// The match sees every message dlx.Replay considers: those selected
 	// with a destination are the ones it goes on to publish, the keys the
 	// audit line lists.
@@ -777,6 +813,13 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 			return false
 		}
 		selected++
+		if quota != nil {
+			k := console.Key(d)
+			if quota[k] == 0 {
+				return false
+			}
+			quota[k]--
+		}
 		if replayDestination(d, to, toOriginal, prefix) != "" {
 			keys = append(keys, console.Key(d))
 		}
