@@ -428,7 +428,10 @@ func relayMain() int {
 		return 1
 	}
 	fmt.Println("publishing the outbox")
-	if err := ob.Relay(pub).Run(ctx); err != nil {
+	// A short lease, so that the rows a SIGKILLed relay had claimed are
+	// taken again within seconds, not the default minute (the lease must
+	// exceed the publish timeout, which bounds a confirm's wait).
+	if err := ob.Relay(pub, outbox.WithPublishTimeout(5*time.Second), outbox.WithLease(10*time.Second)).Run(ctx); err != nil {
 		fmt.Println(err)
 		return 1
 	}
