@@ -37,16 +37,6 @@ func guardedChannel(t *testing.T) *amqp.Channel {
 	return brokertest.Channel(t, conn)
 }
 
-// tooDeep is a header value amqp091-go cannot read: tables nested 33 deep,
-// as pika sends them and RabbitMQ takes them.
-func tooDeep() amqp.Table {
-	v := amqp.Table{"leaf": "x"}
-	for range 32 {
-		v = amqp.Table{"d": v}
-	}
-	return v
-}
-
 // A dead letter amqp091-go cannot read in the middle of a DLQ: Replay moves
 // the others and leaves it where it is, as the broker holds it, counted as
 // unreadable (issue 41, item 3). It must not publish the copy it was shown,
@@ -57,7 +47,7 @@ func TestReplayCarriesOnPastAnUnreadableDeadLetter(t *testing.T) {
 	brokertest.Queue(t, dlq, nil)
 	brokertest.Publish(t, dlq,
 		amqp.Publishing{MessageId: "before"},
-		amqp.Publishing{MessageId: "unreadable", Headers: amqp.Table{"deep": tooDeep()}},
+		amqp.Publishing{MessageId: "unreadable", Headers: amqp.Table{"deep": brokertest.HeadersTooDeep()}},
 		amqp.Publishing{MessageId: "after"})
 
 	// ReplayTo: a destination that does not depend on the headers.
@@ -83,7 +73,7 @@ func TestReplayExplainsAnUnreadableDeadLetter(t *testing.T) {
 	work, dlq := brokertest.Name(t, "work"), brokertest.Name(t, "dlq")
 	brokertest.Queue(t, work, nil)
 	brokertest.Queue(t, dlq, nil)
-	brokertest.Publish(t, dlq, amqp.Publishing{MessageId: "unreadable", Headers: amqp.Table{"deep": tooDeep()}})
+	brokertest.Publish(t, dlq, amqp.Publishing{MessageId: "unreadable", Headers: amqp.Table{"deep": brokertest.HeadersTooDeep()}})
 	_, err := dlx.Replay(context.Background(), brokertest.Channel(t, brokertest.Dial(t)), newPublisher(t), dlq, dlx.ReplayTo(work))
 	if err == nil || !strings.Contains(err.Error(), "amqp091-go cannot read") || !strings.Contains(err.Error(), "amqpretry dlq replay") {
 		t.Fatalf("err = %v, want it to say the headers cannot be read and what reads past them", err)
@@ -160,43 +150,11 @@ func TestCCIsNotFollowedOnEveryHop(t *testing.T) {
 	}
 }
 
-// brokerDeadLetter publishes a message to exchange ex with key and has the
-// broker dead-letter it into dlq, as a consumer's reject (pika's, or
-// recoverer.Reject(), or Permanent without a recoverer) does: it carries
-// where it was published only in x-death.
-func brokerDeadLetter(t *testing.T, key string) (work, ex, dlq string) {
-	t.Helper()
-	work, ex, dlq = brokertest.Name(t, "work"), brokertest.Name(t, "orders"), brokertest.Name(t, "dlq")
-	dlxEx := brokertest.Name(t, "dlx")
-	brokertest.Exchange(t, ex, "topic")
-	brokertest.Exchange(t, dlxEx, "fanout")
-	brokertest.Queue(t, work, amqp.Table{"x-dead-letter-exchange": dlxEx})
-	brokertest.Queue(t, dlq, nil)
-	brokertest.Bind(t, work, ex, "order.*")
-	brokertest.Bind(t, dlq, dlxEx, "")
-	ch := brokertest.Channel(t, brokertest.Dial(t))
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	conf, err := ch.PublishWithDeferredConfirm(ex, key, true, false, amqp.Publishing{MessageId: "m", Body: []byte("order")})
-	if err != nil || !conf.Wait() {
-		t.Fatalf("publish: %v", err)
-	}
-	brokertest.Eventually(t, 5*time.Second, "the message on the work queue", func() bool { return brokertest.Depth(t, work) == 1 })
-	d, ok, err := ch.Get(work, false)
-	if err != nil || !ok {
-		t.Fatalf("get: %v %v", ok, err)
-	}
-	_ = d.Reject(false)
-	brokertest.Eventually(t, 5*time.Second, "the dead letter on the DLQ", func() bool { return brokertest.Depth(t, dlq) == 1 })
-	return work, ex, dlq
-}
-
 // A dead letter the broker made has no x-original-exchange: its exchange and
 // routing key are in x-death, and ReplayToOriginalExchange sends it there
 // (issue 41, item 5); it used to skip it.
 func TestReplayToOriginalExchangeReadsXDeath(t *testing.T) {
-	work, _, dlq := brokerDeadLetter(t, "order.created")
+	work, _, dlq := brokertest.BrokerDeadLetter(t, "order.created")
 	stats, err := dlx.Replay(context.Background(), brokertest.Channel(t, brokertest.Dial(t)), newPublisher(t), dlq, dlx.ReplayToOriginalExchange())
 	if err != nil || stats.Replayed != 1 || stats.Skipped != 0 {
 		t.Fatalf("stats %+v, err %v; want the dead letter replayed", stats, err)

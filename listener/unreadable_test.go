@@ -14,17 +14,6 @@ import (
 	"github.com/amqpretry/amqpretry/listener"
 )
 
-// nestedTooDeep is a header value amqp091-go v1.16.0 cannot read (tables
-// nested 33 deep, which RabbitMQ accepts and pika sends): the frame that
-// carries it closes the whole connection.
-func nestedTooDeep() amqp.Table {
-	v := amqp.Table{"leaf": "x"}
-	for range 33 {
-		v = amqp.Table{"t": v}
-	}
-	return v
-}
-
 // A message whose headers amqp091-go cannot parse closes the listener's
 // connection as it arrives, and on redial it is first again: the listener
 // must not hammer the broker while it blocks every message behind it. After
@@ -42,7 +31,7 @@ func TestUnreadableHeadersDoNotBlockTheQueue(t *testing.T) {
 				args["x-queue-type"] = "quorum"
 			}
 			brokertest.Queue(t, q, args)
-			msgs := []amqp.Publishing{{MessageId: "unreadable", Headers: amqp.Table{"deep": nestedTooDeep()}}}
+			msgs := []amqp.Publishing{{MessageId: "unreadable", Headers: amqp.Table{"deep": brokertest.HeadersTooDeep()}}}
 			for i := range 5 {
 				msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprint("ok-", i), Headers: amqp.Table{"n": int64(i)}})
 			}

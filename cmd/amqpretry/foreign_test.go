@@ -18,17 +18,6 @@ import (
 	"github.com/amqpretry/amqpretry/recoverer"
 )
 
-// tooDeep is a header value amqp091-go cannot read (tables nested 33 deep,
-// which pika sends and RabbitMQ takes), written with amqp091-go's own table
-// writer.
-func tooDeep() amqp.Table {
-	v := amqp.Table{"leaf": "x"}
-	for range 32 {
-		v = amqp.Table{"d": v}
-	}
-	return v
-}
-
 // One dead letter amqp091-go cannot read, between two it can: list shows all
 // three, the odd one marked, and replay moves the other two and leaves it
 // (issue 41, item 3). Both used to fail outright at it.
@@ -42,7 +31,7 @@ func TestDLQToolsCarryOnPastAnUnreadableDeadLetter(t *testing.T) {
 		return h
 	}
 	brokertest.Publish(t, topo.DLQ(),
-		amqp.Publishing{MessageId: "unreadable", Headers: origin(amqp.Table{"deep": tooDeep()})},
+		amqp.Publishing{MessageId: "unreadable", Headers: origin(amqp.Table{"deep": brokertest.HeadersTooDeep()})},
 		amqp.Publishing{MessageId: "after", Headers: origin(nil)})
 
 	code, out, errOut := amqpretry(t, "dlq", "list", topo.DLQ())
@@ -77,38 +66,6 @@ func TestDLQToolsCarryOnPastAnUnreadableDeadLetter(t *testing.T) {
 	if w, d := brokertest.Depth(t, topo.Queue), brokertest.Depth(t, topo.DLQ()); w != 2 || d != 1 {
 		t.Errorf("work %d, dlq %d: want 2 and the unreadable one left", w, d)
 	}
-}
-
-// brokerDeadLetter has the broker dead-letter one message published to a
-// topic exchange with key, as a consumer's reject does (pika's, or
-// recoverer.Reject()), through a DLX with a routing key of its own: the
-// dead letter says where it came from in x-death only.
-func brokerDeadLetter(t *testing.T, key string) (work, ex, dlq string) {
-	t.Helper()
-	work, ex, dlq = brokertest.Name(t, "work"), brokertest.Name(t, "orders"), brokertest.Name(t, "dlq")
-	dlxEx := brokertest.Name(t, "dlx")
-	brokertest.Exchange(t, ex, "topic")
-	brokertest.Exchange(t, dlxEx, "fanout")
-	brokertest.Queue(t, work, amqp.Table{"x-dead-letter-exchange": dlxEx, "x-dead-letter-routing-key": "dead"})
-	brokertest.Queue(t, dlq, nil)
-	brokertest.Bind(t, work, ex, "order.*")
-	brokertest.Bind(t, dlq, dlxEx, "")
-	ch := brokertest.Channel(t, brokertest.Dial(t))
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	conf, err := ch.PublishWithDeferredConfirm(ex, key, true, false, amqp.Publishing{MessageId: "m", Body: []byte("order")})
-	if err != nil || !conf.Wait() {
-		t.Fatalf("publish: %v", err)
-	}
-	brokertest.Eventually(t, 5*time.Second, "the message on the work queue", func() bool { return brokertest.Depth(t, work) == 1 })
-	d, ok, err := ch.Get(work, false)
-	if err != nil || !ok {
-		t.Fatalf("get: %v %v", ok, err)
-	}
-	_ = d.Reject(false)
-	brokertest.Eventually(t, 5*time.Second, "the dead letter on the DLQ", func() bool { return brokertest.Depth(t, dlq) == 1 })
-	return work, ex, dlq
 }
 
 // A dead letter the broker made is described from its x-death: the original
@@ -201,7 +158,7 @@ func TestDLQToolsCarryOnPastAnUnreadableDeadLetterOverTLS(t *testing.T) {
 	q := brokertest.Name(t, "dlq")
 	brokertest.Queue(t, q, nil)
 	brokertest.Publish(t, q, amqp.Publishing{MessageId: "before"},
-		amqp.Publishing{MessageId: "unreadable", Headers: amqp.Table{"deep": tooDeep()}},
+		amqp.Publishing{MessageId: "unreadable", Headers: amqp.Table{"deep": brokertest.HeadersTooDeep()}},
 		amqp.Publishing{MessageId: "after"})
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), []string{"dlq", "list", q, "--json", "--url", amqps}, &stdout, &stderr)
@@ -225,4 +182,10 @@ func idsOf(msgs []map[string]any) []string {
 		ids = append(ids, id)
 	}
 	return ids
+}
+
+// brokerDeadLetter is brokertest.BrokerDeadLetter.
+func brokerDeadLetter(t *testing.T, key string) (work, ex, dlq string) {
+	t.Helper()
+	return brokertest.BrokerDeadLetter(t, key)
 }

@@ -16,11 +16,7 @@ import (
 func TestLookCarriesOnPastAnUnreadableDeadLetter(t *testing.T) {
 	topo := topology(t)
 	n := fill(t, topo, threeKinds)
-	deep := amqp.Table{"leaf": "x"}
-	for range 33 {
-		deep = amqp.Table{"t": deep}
-	}
-	brokertest.Publish(t, topo.DLQ(), amqp.Publishing{MessageId: "from-pika", Headers: amqp.Table{"deep": deep}})
+	brokertest.Publish(t, topo.DLQ(), amqp.Publishing{MessageId: "from-pika", Headers: amqp.Table{"deep": brokertest.HeadersTooDeep()}})
 	s := serve(t, Config{Queues: []string{topo.DLQ()}})
 	c := s.signIn(t)
 	resp, body := c.get("/")
