@@ -151,8 +151,11 @@ const dlqReplayUsage = `amqpretry dlq replay QUEUE [--limit N] [--id ID] [--matc
 Sends the messages of QUEUE back: by default to the queue they failed on
 (the recoverer's original-queue header), with --to to another queue, with
 --to-original-exchange to the exchange and routing key first used. Each is
-published with a confirm before it is acked off QUEUE; one without a
-destination, or not selected, stays. --match is a regular expression over
+published with a confirm before it is acked off QUEUE, without its fault
+headers but with its history (x-amqpretry-replayed, and the exception,
+error type and time it last failed with), so that one that fails again
+shows it was replayed; one without a destination, or not selected, stays.
+--match is a regular expression over
 the message id, original routing key, exception, each header (as
 "name: value") and the body's first 4 KiB, in any case unless
 --case-sensitive; --error-type takes the messages whose error type (the
@@ -781,7 +784,9 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 		return err
 	}
 	defer pub.Close()
-	opts := []dlx.ReplayOption{dlx.ReplayLimit(sel.limit), dlx.ReplayHeaderPrefix(prefix)}
+	// The copy keeps its history (how often it was replayed, what it failed
+	// with), as the console's replays do.
+	opts := []dlx.ReplayOption{dlx.ReplayLimit(sel.limit), dlx.ReplayHeaderPrefix(prefix), dlx.ReplayKeepHistory()}
 	// With a limit, the oldest failures go: a look finds their keys, since
 	// a quorum queue's head is whatever the last look left there.
 	var quota map[string]int
