@@ -21,12 +21,13 @@ const (
 	sectionRetry      = "retry"
 	sectionBatch      = "batch"
 	sectionCoalesce   = "coalesce"
+	sectionSlow       = "slow"
 	// partRetryMemory is the retry section's parked-messages part, which
 	// -skip can leave out alone.
 	partRetryMemory = "retry-memory"
 )
 
-var sections = []string{sectionThroughput, sectionCoalesce, sectionPoison, sectionSchedule, sectionScale, sectionChain, sectionOutbox, sectionRetry, sectionBatch}
+var sections = []string{sectionThroughput, sectionCoalesce, sectionPoison, sectionSchedule, sectionScale, sectionSlow, sectionChain, sectionOutbox, sectionRetry, sectionBatch}
 
 // Config is everything one run needs. main fills it from flags; the smoke
 // test fills it with tiny numbers.
@@ -36,6 +37,7 @@ type Config struct {
 	Messages       int // per throughput run
 	PoisonMessages int // per poison-flood run; 0: as Messages
 	ScaleBacklog   int
+	SlowMessages   int // per slow-handlers run
 	Consumers      int
 	Prefetch       int
 	// Settle is the pause after filling a queue: the broker is still
@@ -82,6 +84,7 @@ func defaultConfig() Config {
 		Messages:              100000,
 		PoisonMessages:        30000,
 		ScaleBacklog:          3000,
+		SlowMessages:          2000, // 20 ms each, 8 at a time: 5 s a run at best, the pool's growth a small part of it
 		Consumers:             2,
 		Prefetch:              listener.DefaultPrefetch,
 		Settle:                time.Second,
@@ -133,6 +136,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("-poison-messages expects at least 0 (as -messages), got %d", c.PoisonMessages)
 	case c.ScaleBacklog < 1:
 		return fmt.Errorf("-scale-backlog expects at least 1, got %d", c.ScaleBacklog)
+	case c.SlowMessages < 1:
+		return fmt.Errorf("-slow-messages expects at least 1, got %d", c.SlowMessages)
 	case c.OutboxMessages < 1:
 		return fmt.Errorf("-outbox-messages expects at least 1, got %d", c.OutboxMessages)
 	case c.BatchMessages < 1:

@@ -1,7 +1,8 @@
 // Command bench measures amqpretry against raw amqp091-go and Watermill on a
 // live RabbitMQ broker: happy-path throughput, ack coalescing (on -url's broker
 // and -retry-url's), a poison flood to the DLQ, the
-// retry schedule's accuracy, the listener's scale-up time, the chain's
+// retry schedule's accuracy, the listener's scale-up time, slow handlers
+// (a backlog and a burst, against a raw amqp091-go anchor), the chain's
 // per-message overhead, the outbox relay against raw confirmed
 // publishing with its commit-to-publish latency (on PostgreSQL, $DATABASE_URL),
 // a batch handler writing a batch with one multi-row INSERT against a handler
@@ -14,10 +15,10 @@
 //
 //	make bench                           # the broker, then the defaults below
 //	go run . -rounds 1 -messages 5000 -skip schedule,watermill
-//	go run . -out /tmp/outbox -skip throughput,coalesce,poison,schedule,scale,chain,retry,batch   # the outbox alone
-//	go run . -out /tmp/retry -skip throughput,coalesce,poison,schedule,scale,chain,outbox,batch   # the retry section alone
-//	go run . -out /tmp/batch -skip throughput,coalesce,poison,schedule,scale,chain,outbox,retry   # the batch section alone
-//	go run . -out /tmp/coalesce -skip throughput,poison,schedule,scale,chain,outbox,retry,batch   # ack coalescing alone
+//	go run . -out /tmp/outbox -skip throughput,coalesce,poison,schedule,scale,slow,chain,retry,batch   # the outbox alone
+//	go run . -out /tmp/retry -skip throughput,coalesce,poison,schedule,scale,slow,chain,outbox,batch   # the retry section alone
+//	go run . -out /tmp/batch -skip throughput,coalesce,poison,schedule,scale,slow,chain,outbox,retry   # the batch section alone
+//	go run . -out /tmp/coalesce -skip throughput,poison,schedule,scale,slow,chain,outbox,retry,batch   # ack coalescing alone
 //
 // Throughput and poison-flood runs are interleaved, each round starting one
 // variant further along (raw, listener, listener-otel, otel-floor, watermill;
@@ -66,6 +67,7 @@ func main() {
 	flag.IntVar(&cfg.Messages, "messages", cfg.Messages, "messages per happy-path run")
 	flag.IntVar(&cfg.PoisonMessages, "poison-messages", cfg.PoisonMessages, "messages per poison-flood run (0: as -messages)")
 	flag.IntVar(&cfg.ScaleBacklog, "scale-backlog", cfg.ScaleBacklog, "ready messages when the scale-up test starts")
+	flag.IntVar(&cfg.SlowMessages, "slow-messages", cfg.SlowMessages, "messages per slow-handlers run (20 ms each)")
 	flag.DurationVar(&cfg.Settle, "settle", cfg.Settle, "pause after filling a queue, before measuring")
 	flag.IntVar(&cfg.OutboxMessages, "outbox-messages", cfg.OutboxMessages, "rows per outbox throughput run (relay and raw publish as many)")
 	flag.IntVar(&cfg.OutboxBody, "outbox-body", cfg.OutboxBody, "bytes of each outbox message's body (relay and raw alike)")
@@ -152,9 +154,15 @@ func run(ctx context.Context, cfg Config) (*Results, error) {
 		}
 	}
 	if !cfg.Skip[sectionScale] {
-		cfg.logf("scale-up: %d → %d consumers", scaleFrom, scaleTo)
+		cfg.logf("scale-up: %d → %d handlers at a time", scaleFrom, scaleTo)
 		if r.ScaleUp, err = measureScaleUp(ctx, e); err != nil {
 			return nil, fmt.Errorf("scale-up: %w", err)
+		}
+	}
+	if !cfg.Skip[sectionSlow] {
+		cfg.logf("slow handlers: %d messages, %v each, %d → %d handlers at a time, against raw amqp091-go", cfg.SlowMessages, slowHandler, slowFrom, slowTo)
+		if r.Slow, err = measureSlow(ctx, e); err != nil {
+			return nil, fmt.Errorf("slow handlers: %w", err)
 		}
 	}
 	if !cfg.Skip[sectionOutbox] {

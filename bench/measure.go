@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -134,4 +135,66 @@ func median(xs []float64) float64 {
 		return (s[m-1] + s[m]) / 2
 	}
 	return s[m]
+}
+
+// gauge counts the handlers running at once, entered at a handler's start
+// and left at its end. The broker's consumer count no longer says this: a
+// listener's channels share a pool of handler slots, so the broker sees the
+// channels (two for eight handlers) while the handlers are what a slow job
+// waits for. It is safe for many goroutines.
+type gauge struct {
+	target  int64        // the count whose first arrival is timed
+	now     atomic.Int64 // handlers running
+	peak    atomic.Int64 // the most that ran at once
+	reached atomic.Int64 // time.Duration since epoch when now first reached target, 0 until then
+
+	mu    sync.Mutex
+	steps []gaugeStep // each rise of peak, in order
+}
+
+// gaugeStep is the moment the peak rose to Handlers.
+type gaugeStep struct {
+	At       time.Duration // since epoch
+	Handlers int
+}
+
+func newGauge(target int) *gauge { return &gauge{target: int64(target)} }
+
+// enter counts a handler starting, and reports whether this start is the
+// one that first brought the count to target.
+func (g *gauge) enter() (reachedTarget bool) {
+	n := g.now.Add(1)
+	if n <= g.peak.Load() {
+		return false // the common case once the pool is full: no lock
+	}
+	at := time.Since(epoch)
+	g.mu.Lock()
+	// Under the lock, so that the steps stay in order; another handler may
+	// have raised the peak past n meanwhile.
+	if n > g.peak.Load() {
+		g.peak.Store(n)
+		g.steps = append(g.steps, gaugeStep{At: at, Handlers: int(n)})
+	}
+	g.mu.Unlock()
+	return n >= g.target && g.reached.CompareAndSwap(0, int64(at))
+}
+
+// leave counts a handler ending.
+func (g *gauge) leave() { g.now.Add(-1) }
+
+// highest is the most handlers that ran at once so far.
+func (g *gauge) highest() int { return int(g.peak.Load()) }
+
+// reachedAt is when target handlers first ran at once, since epoch; false
+// if they never did.
+func (g *gauge) reachedAt() (time.Duration, bool) {
+	at := g.reached.Load()
+	return time.Duration(at), at != 0
+}
+
+// timeline is the peak's rises so far.
+func (g *gauge) timeline() []gaugeStep {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.steps)
 }

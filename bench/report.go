@@ -21,6 +21,7 @@ type Results struct {
 	Poison     *Comparison       `json:"poison_flood,omitempty"`
 	Schedule   *Schedule         `json:"retry_schedule,omitempty"`
 	ScaleUp    *ScaleUp          `json:"scale_up,omitempty"`
+	Slow       *SlowResult       `json:"slow_handlers,omitempty"`
 	Chain      *ChainOverhead    `json:"chain_overhead,omitempty"`
 	Outbox     *OutboxResult     `json:"outbox,omitempty"`
 	Retry      *RetryResult      `json:"retry,omitempty"`
@@ -127,14 +128,16 @@ func writeMarkdown(w io.Writer, r *Results) {
 		fmt.Fprintln(w)
 	}
 	if s := r.ScaleUp; s != nil {
-		fmt.Fprintf(w, "## Scale-up: %d → %d consumers, %.0fms handler, %d-message backlog\n\n", s.From, s.To, s.HandlerMS, s.Backlog)
-		fmt.Fprintf(w, "The broker reported %d consumers %.2fs after the first delivery (%.2fs after Run, dial included), %d messages handled by then.\n",
-			s.To, s.SecondsFromFirst, s.SecondsFromRun, s.HandledBeforeScale)
-		var steps []string
-		for _, st := range s.ConsumerTimeline {
-			steps = append(steps, fmt.Sprintf("%d at %.2fs", st.Consumers, st.Seconds))
+		fmt.Fprintf(w, "## Scale-up: %d → %d handlers at a time, %.0fms handler, %d-message backlog\n\n", s.From, s.To, s.HandlerMS, s.Backlog)
+		fmt.Fprintf(w, "%d handlers ran at once %.2fs after the first delivery (%.2fs after Run, dial included), %d messages handled by then; "+
+			"the broker showed %d consumers (the listener's channels) just after.\n",
+			s.To, s.SecondsFromFirst, s.SecondsFromRun, s.HandledBeforeScale, s.BrokerConsumers)
+		var steps []HandlerStep // the same text as the slow section's, from Run here
+		for _, st := range s.HandlerTimeline {
+			steps = append(steps, HandlerStep{Seconds: st.Seconds, Handlers: st.Handlers})
 		}
-		fmt.Fprintf(w, "Consumer count as polled every %v: %s.\n\n", scalePoll, strings.Join(steps, ", "))
+		fmt.Fprintf(w, "Most handlers at a time, as counted in the handler, from Run: %s.\n\n", stepsText(steps))
+		writeLimitGoals(w, "the scale-up", []LimitGoal{s.Goal})
 	}
 	if c := r.Chain; c != nil {
 		fmt.Fprintln(w, "## Chain overhead: Chain(Retry(5), Recover(r)) on the success path, no broker")
@@ -152,6 +155,9 @@ func writeMarkdown(w io.Writer, r *Results) {
 		l := o.Latency
 		fmt.Fprintf(w, "Commit to confirmed publish (the row's sent_at), %d orders committed one by one at %.0f/s, relay polling every %.0fms: "+
 			"p50 %.1fms, p90 %.1fms, p99 %.1fms, max %.1fms.\n\n", l.Messages, l.RatePerSec, l.PollIntervalMS, l.P50MS, l.P90MS, l.P99MS, l.MaxMS)
+	}
+	if s := r.Slow; s != nil {
+		writeSlow(w, s)
 	}
 	if b := r.Batch; b != nil {
 		writeBatch(w, b, r.Settings)
@@ -338,6 +344,67 @@ func writeGoals(w io.Writer, of string, goals []Goal) {
 		}
 	}
 	fmt.Fprintf(w, "**Goals of %s, %d of %d met:** %s.\n\n", of, met, len(goals), strings.Join(parts, "; "))
+}
+
+// LimitGoal is a target on one measured number rather than on a ratio of
+// two variants' medians (Goal): a ratio (Unit "×") or a time (Unit "s"),
+// at most or at least Limit.
+type LimitGoal struct {
+	What   string  `json:"what"`
+	AtMost bool    `json:"at_most"` // else at least
+	Limit  float64 `json:"limit"`
+	Unit   string  `json:"unit"`
+	// Measured is -1 when what it times never happened (8 handlers never
+	// ran at once), which meets no goal.
+	Measured float64 `json:"measured"`
+	Met      bool    `json:"met"`
+}
+
+func newLimitGoal(what string, atMost bool, limit float64, unit string, measured float64) LimitGoal {
+	g := LimitGoal{What: what, AtMost: atMost, Limit: limit, Unit: unit, Measured: measured}
+	g.Met = measured >= 0 && (atMost && measured <= limit || !atMost && measured >= limit)
+	return g
+}
+
+func (g LimitGoal) String() string {
+	mark, cmp, value := "✗", "≥", "never"
+	if g.Met {
+		mark = "✓"
+	}
+	if g.AtMost {
+		cmp = "≤"
+	}
+	if g.Measured >= 0 {
+		value = unitText(g.Measured, g.Unit)
+	}
+	return fmt.Sprintf("%s %s %s %s: %s", mark, g.What, cmp, unitText(g.Limit, g.Unit), value)
+}
+
+// unitText is v to two places in unit: "1.20×", "0.50 s".
+func unitText(v float64, unit string) string {
+	if unit == "×" {
+		return fmt.Sprintf("%.2f×", v)
+	}
+	return fmt.Sprintf("%.2f %s", v, unit)
+}
+
+// writeLimitGoals prints goals one to a line, ✓ for met and ✗ for not,
+// under a line that says how many were met; nothing when there are none.
+func writeLimitGoals(w io.Writer, of string, goals []LimitGoal) {
+	if len(goals) == 0 {
+		return
+	}
+	met := 0
+	for _, g := range goals {
+		if g.Met {
+			met++
+		}
+	}
+	fmt.Fprintf(w, "**Goals of %s, %d of %d met:**\n\n", of, met, len(goals))
+	for _, g := range goals {
+		fmt.Fprintf(w, "- %s\n", g)
+	}
+	fmt.Fprintln(w)
 }
 
 // writeRetry prints the retry section: the flood's table and goals, the

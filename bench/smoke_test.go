@@ -71,6 +71,7 @@ func TestSmoke(t *testing.T) {
 	cfg.Skip = map[string]bool{sectionSchedule: true}
 	cfg.OutboxMessages, cfg.OutboxLatencyMessages = 300, 20
 	cfg.BatchMessages = 300
+	cfg.SlowMessages = 200 // 0.5 s a run at 8 handlers at a time
 	cfg.RetryMessages, cfg.RetryParked = 200, 300
 	// Without rabbitmqctl the parked messages are counted by passive
 	// declares, at once, instead of waiting seconds for the broker's
@@ -130,9 +131,11 @@ func TestSmoke(t *testing.T) {
 	if got := len(res.Poison.Variants); got != 4 {
 		t.Errorf("poison flood: %d variants, want 4", got)
 	}
-	if res.ScaleUp == nil || res.ScaleUp.SecondsFromRun <= 0 {
+	if s := res.ScaleUp; s == nil || s.SecondsFromRun <= 0 || s.SecondsFromFirst <= 0 || s.BrokerConsumers < 1 ||
+		len(s.HandlerTimeline) == 0 || s.HandlerTimeline[len(s.HandlerTimeline)-1].Handlers != scaleTo || s.Goal.Measured != s.SecondsFromRun {
 		t.Errorf("scale-up: %+v", res.ScaleUp)
 	}
+	checkSlowSmoke(t, res.Slow, out.String(), rounds)
 	if res.Chain == nil || res.Chain.Chain.NsPerOp <= 0 {
 		t.Errorf("chain overhead: %+v", res.Chain)
 	}
@@ -176,6 +179,39 @@ func TestSmoke(t *testing.T) {
 	}
 	if png, err := os.ReadFile(filepath.Join(cfg.Out, "throughput.png")); err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
 		t.Errorf("throughput.png: not a PNG (%v)", err)
+	}
+}
+
+// checkSlowSmoke checks the slow-handlers section of a smoke run: every
+// variant measured each round, with handlers counted, and every goal
+// measured (met or not: 200 messages are too few to judge).
+func checkSlowSmoke(t *testing.T, s *SlowResult, report string, rounds int) {
+	t.Helper()
+	if s == nil || len(s.Variants) != 3 || len(s.Order) != rounds || s.IdealSeconds <= 0 {
+		t.Fatalf("slow handlers: %+v", s)
+	}
+	for _, v := range s.Variants {
+		if len(v.Samples) != rounds || v.MedianDrain <= 0 || v.MedianMsgPerSec <= 0 || v.MedianPeak < 1 || v.MedianPeak > slowTo {
+			t.Errorf("slow %s: %+v", v.Name, v)
+		}
+		for _, sm := range v.Samples {
+			if len(sm.Steps) == 0 || sm.BrokerConsumers < 1 {
+				t.Errorf("slow %s sample: %+v", v.Name, sm)
+			}
+		}
+	}
+	if len(s.Goals) != 4 {
+		t.Errorf("slow goals %+v", s.Goals)
+	}
+	for _, g := range s.Goals {
+		if g.Measured == 0 {
+			t.Errorf("slow goal not measured: %+v", g)
+		}
+	}
+	for _, want := range []string{"## Slow handlers:", "| backlog-listener |", "| backlog-raw |", "| burst-listener |", "Goals of the slow handlers"} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q:\n%s", want, report)
+		}
 	}
 }
 

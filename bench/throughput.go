@@ -191,11 +191,16 @@ func startListener(ctx context.Context, e *env, q string, mw middleware.Middlewa
 	if err != nil {
 		return nil, err
 	}
+	return goRun(ctx, l), nil
+}
+
+// goRun runs l until stop is called; stop returns Run's error.
+func goRun(ctx context.Context, l *listener.Listener) (stop func() error) {
 	ctx, cancel := context.WithCancel(ctx)
 	ran := make(chan error, 1)
 	go func() { ran <- l.Run(ctx) }()
 	return func() error {
 		cancel()
 		return <-ran
-	}, nil
+	}
 }
