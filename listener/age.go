@@ -149,7 +149,8 @@ func (l *Listener) watchAges() {
 			continue
 		}
 		mean := time.Duration(c.busyNanos.Load() / int64(calls))
-		if backlog := mean * time.Duration(l.cfg.prefetch); backlog >= warnAt {
+		// The pool runs that many handlers at once over the prefetch.
+		if backlog := mean * time.Duration(l.cfg.prefetch) / time.Duration(max(l.pool.limit.Load(), 1)); backlog >= warnAt {
 			c.prefetchWarned = true
 			l.cfg.logger.Warn("listener: with this prefetch and handler time, the last delivery of a full prefetch waits most of the broker's "+
 				"consumer_timeout before its handler starts; past it, RabbitMQ closes the channel and requeues every delivery on it. "+

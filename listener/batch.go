@@ -208,9 +208,24 @@ type batchRun struct {
 	failed    []int // indexes of dds whose chains run, in order
 	next      int   // the next of failed to run
 
+	// detached: the batch runs off the reader, beside the batches read
+	// after it (a pool of several slots): a failure's wait hands the rest of
+	// its failures to a new goroutine, not the reading.
+	detached bool
+
 	span      batchSpan
 	unsettled atomic.Int32 // messages not settled yet: the last one ends the span
 	notAcked  atomic.Int32
+}
+
+// spawnFailures starts a goroutine that runs the rest of a detached
+// batch's failures.
+func (c *consumer) spawnFailures(run *batchRun) {
+	c.sv.consumers.Add(1)
+	go func() {
+		defer c.sv.consumers.Done()
+		c.runFailures(run)
+	}()
 }
 
 // spawnBatchReader starts a goroutine that runs the rest of pending's
@@ -228,6 +243,15 @@ func (c *consumer) readBatches(pending *batchRun) {
 	}
 	for {
 		run, open := c.collect()
+		if run != nil && open && c.sv.l.pool.parallel() {
+			// Several batches may run at once: this goroutine runs this
+			// one, a new one reads the next.
+			run.detached = true
+			c.parked.park(run.dds[0]) // the oldest, for the age watch
+			c.spawnBatchReader(nil)
+			c.runBatch(run)
+			return
+		}
 		if run != nil && !c.runBatch(run) {
 			return
 		}
@@ -312,7 +336,9 @@ func (c *consumer) runBatch(run *batchRun) bool {
 	n := len(run.dds)
 	run.unsettled.Store(int32(n))
 	run.first = make([]error, n)
-	c.current.Store(run.dds[0]) // the oldest, for the age watch
+	if !run.detached {
+		c.current.Store(run.dds[0]) // the oldest, for the age watch
+	}
 	ctx := run.start(c.ctx)
 	for _, dd := range run.dds {
 		dd.Context = ctx
@@ -336,7 +362,9 @@ func (c *consumer) runBatch(run *batchRun) bool {
 	}()
 	results := c.callBatch(ctx, run)
 	called = true
-	c.current.CompareAndSwap(run.dds[0], nil)
+	if !run.detached {
+		c.current.CompareAndSwap(run.dds[0], nil)
+	}
 	run.msgs = nil
 	for i, dd := range run.dds {
 		switch {
@@ -529,7 +557,7 @@ func (c *consumer) settleBatched(run *batchRun, dd *delivery, err error) {
 	s := c.settle(dd, telemetry.NoSpan, err)
 	c.pending.Done()
 	c.inFlight.Add(-1)
-	dd.place.Store(settled)
+	c.parked.settle(dd)
 	run.settled(s)
 }
 
@@ -561,9 +589,11 @@ func (c *consumer) batchGoexited(run *batchRun) {
 		}
 		c.pending.Done()
 		c.inFlight.Add(-1)
-		dd.place.Store(settled)
+		c.parked.settle(dd)
 		run.settled(chainrun.Requeue)
 	}
-	c.current.CompareAndSwap(run.dds[0], nil)
-	c.spawnReader()
+	if !run.detached {
+		c.current.CompareAndSwap(run.dds[0], nil)
+		c.spawnReader()
+	}
 }

@@ -410,7 +410,6 @@ func TestNewBatchRejectsBadArguments(t *testing.T) {
 		opts []listener.Option
 		want []string
 	}{
-		{"prefetch below size", h, 300, time.Second, nil, []string{"batch size of 300", "WithPrefetch(300)", "prefetch of 250"}},
 		{"explicit prefetch below size", h, 20, time.Second, []listener.Option{listener.WithPrefetch(10)}, []string{"batch size of 20", "prefetch of 10"}},
 		{"size 0", h, 0, time.Second, nil, []string{"batch size of at least 1, got 0"}},
 		{"negative wait", h, 10, -time.Second, nil, []string{"batch wait of at least 0, got -1s"}},

@@ -65,6 +65,11 @@ func TestAckCoalescingDelayWritesWaitingAcks(t *testing.T) {
 		listener.WithURL(url), listener.WithAckCoalescing(100, 50*time.Millisecond))
 	publishN(t, q, 10)
 	brokertest.Eventually(t, 10*time.Second, "the 10 acks written", func() bool { return r.Stats().Handled == 10 })
+	// The proxy counts a frame as it passes it on, a moment after the
+	// listener has written it.
+	brokertest.Eventually(t, 5*time.Second, "the acks through the proxy", func() bool {
+		return proxy.Sent("basic.ack multiple") > 0 || proxy.Sent("basic.ack") >= 10
+	})
 	if acks := proxy.Sent("basic.ack"); acks >= 10 || proxy.Sent("basic.ack multiple") == 0 {
 		t.Errorf("%d ack frames (%d multiple) for 10 messages", acks, proxy.Sent("basic.ack multiple"))
 	}
@@ -85,16 +90,25 @@ func TestAckCoalescingConnectionCutRedeliversAtMostNPerChannel(t *testing.T) {
 	perChannel := map[amqp.Acknowledger]int{}
 	var cut atomic.Bool
 	var held atomic.Int64
-	r := start(t, q, nil, func(ctx context.Context, d *amqp.Delivery) error {
-		mu.Lock()
-		perChannel[d.Acknowledger]++
-		count := perChannel[d.Acknowledger]
-		mu.Unlock()
-		if count > holdAfter && !cut.Load() {
-			held.Add(1)
-			<-ctx.Done() // the listener cancels it as its channel dies
-			return ctx.Err()
+	// The hold is a middleware, outside the handler's slot of the pool: it
+	// stops the channel's reader at the delivery past holdAfter, so that
+	// the channel handles exactly holdAfter, and the held delivery takes no
+	// slot the other channel needs to get there too.
+	hold := func(next middleware.Handler) middleware.Handler {
+		return func(ctx context.Context, d *amqp.Delivery) error {
+			mu.Lock()
+			perChannel[d.Acknowledger]++
+			count := perChannel[d.Acknowledger]
+			mu.Unlock()
+			if count > holdAfter && !cut.Load() {
+				held.Add(1)
+				<-ctx.Done() // the listener cancels it as its channel dies
+				return ctx.Err()
+			}
+			return next(ctx, d)
 		}
+	}
+	r := start(t, q, hold, func(ctx context.Context, d *amqp.Delivery) error {
 		s.add(d.MessageId)
 		return nil
 	}, listener.WithURL(url), listener.WithConcurrentConsumers(consumers), listener.WithPrefetch(200),

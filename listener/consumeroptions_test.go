@@ -99,7 +99,7 @@ func TestConsumerTagPrefixAndPriorityReachTheBroker(t *testing.T) {
 	brokertest.Queue(t, q, nil)
 	r := start(t, q, nil, func(context.Context, *amqp.Delivery) error { return nil },
 		listener.WithConsumerTagPrefix("orders-svc@host-7"), listener.WithConsumerPriority(-3), listener.WithConcurrentConsumers(2))
-	brokertest.Eventually(t, 10*time.Second, "2 consumers", func() bool { return r.Stats().Consumers == 2 })
+	brokertest.Eventually(t, 10*time.Second, "2 channels", func() bool { return r.Stats().Channels == 2 })
 	var rows []consumerRow
 	brokertest.Eventually(t, 10*time.Second, "the broker to list 2 consumers", func() bool { rows = listConsumers(t, q); return len(rows) == 2 })
 	tag := regexp.MustCompile(`^orders-svc@host-7-[0-9]+-([0-9a-f]{8})$`)

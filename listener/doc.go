@@ -39,22 +39,33 @@
 // are failures of the message and nacks are not: from RabbitMQ 4.3 a quorum
 // queue counts only rejections toward its delivery limit.
 //
-// # Consumers and scaling
+// # Handlers at a time, channels and scaling
 //
-// Each consumer is one AMQP channel with its own basic.qos prefetch
-// (WithPrefetch, 250) and basic.consume, so the broker's consumer count is
-// the listener's size. A consumer runs one handler at a time. A delivery
-// waiting between retries holds no consumer: the healthy messages behind a
-// poison one keep flowing.
+// WithConcurrentConsumers and WithMaxConcurrentConsumers are handlers at a
+// time: a pool of handler slots (Spring's concurrent consumers, MassTransit's
+// ConcurrentMessageLimit) that the listener's channels feed. A delivery
+// holds a slot only while its handler runs: one waiting between retries
+// holds none, and the healthy messages behind a poison one keep flowing.
+// With more than one slot, handlers run side by side on each channel.
 //
-// Between WithConcurrentConsumers and WithMaxConcurrentConsumers, the
-// listener looks at its consumers every 250ms (WithScaleInterval). When they
-// are busy (75% of the time in their handler, or every prefetch slot taken)
-// and a passive declare shows messages ready in the queue, it adds as many
-// consumers as would drain the backlog within two seconds at the measured
-// rate, several at once. A consumer above the minimum with nothing in flight
-// and no work for WithIdleTimeout (10s) is stopped. Decisions are logged at
-// debug level and visible in Stats.
+// The pool starts at the concurrent count. When a delivery finds every slot
+// busy it grows by one at once, and the scaler, every 250ms
+// (WithScaleInterval), grows it when every slot is busy and a passive
+// declare shows messages ready in the queue; it shrinks to what was in use
+// once no delivery has found it full for WithIdleTimeout (10s).
+//
+// Each channel has its own basic.qos prefetch (WithPrefetch; by default
+// three per handler of the maximum, at least 20) and basic.consume: the
+// broker's consumer list shows the channels, as many as the concurrent
+// count, and at least two when the listener may scale. More open when every
+// channel is full of deliveries waiting between retries while messages wait
+// at the broker, and close after WithIdleTimeout with nothing in flight.
+// Where the queue's order must hold (single active consumer, WithExclusive,
+// WithPrefetch(1) with one handler) the listener consumes on one channel
+// and runs one handler; on a queue it has not yet seen serve two of its
+// channels at once, which a single-active-consumer queue never does, it runs
+// one handler until it has. Decisions are logged at debug level and visible
+// in Stats (Consumers: the slots now; Channels).
 //
 // # Consumer arguments
 //

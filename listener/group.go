@@ -223,7 +223,7 @@ func (c config) onlyConnectionOptions(base config) string {
 	switch {
 	case c.min != base.min, c.maxSet:
 		return "WithConcurrentConsumers or WithMaxConcurrentConsumers"
-	case c.prefetch != base.prefetch:
+	case c.prefetchSet:
 		return "WithPrefetch"
 	case c.declare != nil:
 		return "WithDeclare"

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,3 +147,19 @@ func publishN(t *testing.T, queue string, n int) {
 	}
 	brokertest.Publish(t, queue, msgs...)
 }
+
+// concurrency counts handlers running at once: defer c.enter()() in a
+// handler.
+type concurrency struct {
+	now, most atomic.Int64
+}
+
+func (c *concurrency) enter() (leave func()) {
+	n := c.now.Add(1)
+	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+	}
+	return func() { c.now.Add(-1) }
+}
+
+// peak is the most handlers that ran at once so far.
+func (c *concurrency) peak() int { return int(c.most.Load()) }

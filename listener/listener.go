@@ -58,6 +58,9 @@ type Listener struct {
 	// single-active queue never allows (seeParallel).
 	parallel atomic.Bool
 
+	// pool is the handler slots shared by its channels (pool.go).
+	pool *workers
+
 	mu        sync.Mutex
 	consumers map[*consumer]struct{} // active, for Stats
 
@@ -66,7 +69,14 @@ type Listener struct {
 
 // Stats is a snapshot of a Listener's state.
 type Stats struct {
-	Consumers int    // consuming now
+	// Consumers is how many handlers may run at once now (Spring's
+	// concurrent consumers): between WithConcurrentConsumers and
+	// WithMaxConcurrentConsumers while consuming, 1 while the queue's order
+	// must hold, 0 while not consuming. Channels is how many AMQP channels
+	// carry its deliveries, each with its own basic.consume: what the
+	// broker's consumer list shows for the listener.
+	Consumers int
+	Channels  int
 	InFlight  int    // received and not settled yet
 	Running   int    // in a handler now (in batch mode, the deliveries of the batches running)
 	Parked    int    // in flight but neither running nor queued for a consumer: waiting between retries
@@ -122,6 +132,9 @@ func newListener(who, queue string, mw middleware.Middleware, h middleware.Handl
 	}
 	if !cfg.maxSet {
 		cfg.max = cfg.min
+	}
+	if !cfg.prefetchSet {
+		cfg.prefetch = defaultPrefetch(cfg.max, batch, cfg.coalesceAcks)
 	}
 	if queue == "" {
 		cfg.fail("%s expects a queue name, got \"\"", who)
@@ -212,6 +225,7 @@ func newListener(who, queue string, mw middleware.Middleware, h middleware.Handl
 		queue: queue, mw: mw, handler: h, batch: batch, cfg: cfg,
 		redacted:  cfg.conn.Redacted(),
 		consumers: map[*consumer]struct{}{},
+		pool:      newWorkers(cfg.min, cfg.max),
 		ready:     newReadiness(),
 		tel:       telemetry.New(cfg.telemetry),
 		spanName:  "process " + queue,
@@ -254,7 +268,7 @@ func (l *Listener) Stats() Stats {
 	for c := range l.consumers {
 		s.OldestInFlight = max(s.OldestInFlight, c.oldest(now))
 		if c.consuming.Load() {
-			s.Consumers++
+			s.Channels++
 		}
 		inFlight, running, waiting := int(c.inFlight.Load()), int(c.running.Load()), int(c.waiting.Load())
 		if c.b != nil {
@@ -263,6 +277,9 @@ func (l *Listener) Stats() Stats {
 		s.InFlight += inFlight
 		s.Running += running
 		s.Parked += max(inFlight-running-waiting, 0)
+	}
+	if s.Channels > 0 {
+		s.Consumers = int(l.pool.limit.Load())
 	}
 	return s
 }

@@ -23,19 +23,35 @@ import (
 // names the option and the value.
 type Option func(*config)
 
-// MaxConsumers bounds the consumers of one listener: each is an AMQP channel,
-// and RabbitMQ's channel_max is 2047 per connection by default.
+// MaxConsumers bounds WithMaxConcurrentConsumers, and the AMQP channels one
+// listener opens (RabbitMQ's channel_max is 2047 per connection by
+// default).
 const MaxConsumers = 1000
 
-// DefaultPrefetch is the default number of unacked deliveries per consumer.
-//
-// It is Spring AMQP's default, and it is large on purpose: a delivery waiting
-// between retries keeps its prefetch slot (it is not acked until it is
-// settled), so a small prefetch would let a few poison messages in backoff
-// starve their consumer of healthy ones. It also keeps fast handlers from ever
-// waiting on the network. Lower it for large messages, or when many consumers
-// should share a queue evenly.
+// DefaultPrefetch is Spring AMQP's default prefetch, and was this
+// package's default for every channel before the prefetch was sized from
+// the concurrency (see WithPrefetch). With the default prefetch, a
+// listener keeps room for at least this many deliveries per handler slot
+// of WithMaxConcurrentConsumers waiting between retries: it opens another
+// channel when its channels are full of them (a delivery waiting between
+// retries keeps its prefetch slot until it is settled), so that a few
+// poison messages in backoff never starve healthy ones.
 const DefaultPrefetch = 250
+
+// defaultPrefetch is a channel's prefetch without WithPrefetch: three
+// deliveries per handler slot (NServiceBus sizes its prefetch so), at least
+// 20, so that a slow handler's backlog is spread over the channels and
+// processes that consume the queue rather than held by the first; in batch
+// mode, room for a batch per slot and one being collected; with
+// WithAckCoalescing, four times the acks that may wait, so that they keep
+// flowing.
+func defaultPrefetch(maxConcurrent int, batch *batchConfig, coalesceAcks int) int {
+	n := max(3*maxConcurrent, 20, 4*coalesceAcks)
+	if batch != nil {
+		n = max(n, (maxConcurrent+1)*batch.size)
+	}
+	return min(n, 65535)
+}
 
 type config struct {
 	conn            amqpconn.Config
@@ -44,6 +60,7 @@ type config struct {
 	min, max        int
 	maxSet          bool
 	prefetch        int
+	prefetchSet     bool // WithPrefetch was given
 	declare         func(*amqp.Channel) error
 	shutdownTimeout time.Duration
 	consumerTimeout time.Duration
@@ -81,7 +98,6 @@ func defaultConfig() config {
 			Name:        "amqpretry listener",
 		},
 		min:             1,
-		prefetch:        DefaultPrefetch,
 		shutdownTimeout: 10 * time.Second,
 		consumerTimeout: 30 * time.Minute,
 		requeueDelay:    time.Second,
@@ -206,8 +222,11 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithConcurrentConsumers sets the number of consumers the listener keeps
-// (Spring's concurrentConsumers). Default 1.
+// WithConcurrentConsumers sets how many handlers run at once, at least
+// (Spring's concurrentConsumers, MassTransit's ConcurrentMessageLimit
+// without scaling). Default 1. They share the listener's channels (as
+// many as this, at least two when it may scale): a channel is not a
+// handler, and a slow handler's backlog runs on every slot.
 func WithConcurrentConsumers(n int) Option {
 	return func(c *config) {
 		if n < 1 || n > MaxConsumers {
@@ -217,15 +236,25 @@ func WithConcurrentConsumers(n int) Option {
 	}
 }
 
-// WithMaxConcurrentConsumers sets how many consumers the listener may grow to
-// under load (Spring's maxConcurrentConsumers). Default: the concurrent
+// WithMaxConcurrentConsumers sets how many handlers may run at once under
+// load (Spring's maxConcurrentConsumers). The listener grows toward it as
+// soon as a delivery waits for a handler while every one is busy, or
+// messages wait at the broker, and shrinks back once no delivery has waited
+// for the idle timeout (WithIdleTimeout). Default: the concurrent
 // consumers, which turns scaling off.
 func WithMaxConcurrentConsumers(n int) Option {
 	return func(c *config) { c.max, c.maxSet = n, true }
 }
 
-// WithPrefetch sets each consumer's basic.qos prefetch count, 1 to 65535.
-// Default DefaultPrefetch (250), see there why. AMQP's 0, no limit, is
+// WithPrefetch sets each channel's basic.qos prefetch count, 1 to 65535.
+// Default: three per handler of WithMaxConcurrentConsumers, at least 20
+// (in batch mode, room for a batch per handler and one more), so that a
+// backlog of slow messages spreads over the processes that consume the
+// queue; the listener opens more channels when deliveries waiting between
+// retries fill them (see DefaultPrefetch). A prefetch of 1 with one handler
+// asks for the queue's order, which the listener then keeps: one channel,
+// one handler, and nothing handled past a message waiting between
+// retries. AMQP's 0, no limit, is
 // refused: every delivery waiting between retries or before its requeue
 // holds a goroutine, and without a limit the broker would send the whole
 // queue to a consumer whose messages fail.
@@ -237,7 +266,7 @@ func WithPrefetch(n int) Option {
 		case n < 0 || n > 65535:
 			c.fail("WithPrefetch expects 1 to 65535, got %d", n)
 		}
-		c.prefetch = n
+		c.prefetch, c.prefetchSet = n, true
 	}
 }
 

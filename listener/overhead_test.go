@@ -185,7 +185,7 @@ func benchConsumer(b *testing.B, l *Listener, handler middleware.Handler) *consu
 	sv := &supervisor{l: l, ctx: context.Background(), interrupt: make(chan struct{})}
 	sv.handlerCtx, sv.cancelHandlers = context.WithCancel(context.Background())
 	b.Cleanup(sv.cancelHandlers)
-	c := &consumer{sv: sv, gate: make(chan struct{}, 1), interrupt: make(chan struct{}), acks: l.newSettler(nopAck{}, l.cfg.prefetch, "bench")}
+	c := &consumer{sv: sv, interrupt: make(chan struct{}), acks: l.newSettler(nopAck{}, l.cfg.prefetch, "bench")}
 	c.ctx = sv.chainContext(sv.handlerCtx, c.interrupt)
 	c.handle = l.mw(c.gated(middleware.CatchPanics()(handler)))
 	return c

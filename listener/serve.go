@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"time"
@@ -41,7 +40,7 @@ func (sv *supervisor) serveOn(ctx context.Context, conn *amqpconn.Conn) (err err
 	if err := sv.declare(conn.Connection); err != nil {
 		return err
 	}
-	s := &session{sv: sv, conn: conn.Connection, ended: make(chan *consumer, l.cfg.max), calm: make(chan struct{}, 1)}
+	s := &session{sv: sv, conn: conn.Connection, ended: make(chan *consumer, l.channelCap()), calm: make(chan struct{}, 1)}
 	defer func() {
 		if err != nil && !conn.IsClosed() {
 			for _, c := range s.active {
@@ -204,20 +203,70 @@ type session struct {
 
 	lastSample time.Time
 	lastDepth  time.Time
+	// the depth read at lastDepth, which a look that asks again gets
+	depthRead int
+	depthOK   bool
 }
 
-// fillToMin starts consumers until the concurrent count is reached, backing
-// off while the queue is missing or the broker refuses.
-func (s *session) fillToMin() error {
+// baseChannels is how many channels the session keeps at least: none while
+// the kill switch has tripped; one for a careful start, a probe, or when the
+// queue's order must hold; else the concurrent count, and at least two when
+// the listener may scale: two channels that get messages at once tell it
+// the queue is not single active consumer, which it must know before it runs
+// handlers side by side (singleactive.go).
+func (s *session) baseChannels() int {
 	l := s.sv.l
-	want := l.cfg.min
 	switch {
 	case s.tripped:
-		return nil
-	case s.careful, s.probing:
-		want = 1
+		return 0
+	case s.careful, s.probing, l.keepsOrder():
+		return 1
+	case l.cfg.max > 1:
+		return max(l.cfg.min, 2)
 	}
-	defer func() { l.ready.consuming(len(s.active) >= max(want, 1)) }()
+	return l.cfg.min
+}
+
+// channelCap is the most channels a listener opens: its maximum handlers
+// with WithPrefetch (as many channels as handlers, each at that prefetch,
+// can hold no fewer deliveries than before); with the default prefetch,
+// enough for DefaultPrefetch deliveries per handler slot waiting between
+// retries.
+func (l *Listener) channelCap() int {
+	base := max(l.cfg.min, 2)
+	if l.cfg.prefetchSet {
+		return max(base, l.cfg.max)
+	}
+	return min(max(base, (DefaultPrefetch*l.cfg.max+l.cfg.prefetch-1)/l.cfg.prefetch), MaxConsumers)
+}
+
+// updateCeiling sets how many handlers may run at once now: one during a
+// careful start or a probe, while the queue's order must hold, or until two
+// channels have had messages at once (seeParallel: before that the queue
+// may be single active consumer, whose order handlers side by side would
+// break); the maximum otherwise.
+func (s *session) updateCeiling() {
+	l := s.sv.l
+	ceiling := l.cfg.max
+	if s.careful || s.probing || l.keepsOrder() || !l.parallel.Load() {
+		ceiling = 1
+	}
+	l.pool.setCeiling(ceiling)
+}
+
+// fillToMin starts channels until the base count is reached, backing
+// off while the queue is missing or the broker refuses, and sets the pool's
+// ceiling.
+func (s *session) fillToMin() error {
+	l := s.sv.l
+	want := s.baseChannels()
+	if s.tripped {
+		return nil
+	}
+	defer func() {
+		s.updateCeiling()
+		l.ready.consuming(len(s.active) >= max(want, 1))
+	}()
 	for len(s.active) < want && !time.Now().Before(s.restartAt) && s.sv.ctx.Err() == nil {
 		if err := s.add(); err != nil {
 			if s.conn.IsClosed() {
@@ -314,89 +363,130 @@ func (s *session) add() error {
 	return nil
 }
 
-// scale adds consumers when they are busy and work waits in the queue, several
-// at once when the backlog calls for it, and stops consumers above the
-// minimum that have been idle for the idle timeout.
+// scale looks at the pool and the channels at every scaling tick: it
+// watches for a single-active queue, grows or shrinks the pool of handler
+// slots, and opens or closes channels.
 func (s *session) scale() {
 	l := s.sv.l
 	now := time.Now()
 	mono := monotime()
-	window := now.Sub(s.lastSample)
 	first := s.lastSample.IsZero()
 	s.lastSample = now
-	if first || len(s.active) == 0 {
-		for _, c := range s.active {
-			c.sample(mono, time.Second)
+	var calls uint64
+	for _, c := range s.active {
+		n := c.calls.Load()
+		calls += n - c.sampledCalls
+		c.sampledCalls = n
+	}
+	peak, fullAt := l.pool.look()
+	if len(s.active) == 0 {
+		return
+	}
+	// On a single-active-consumer queue more channels add nothing, and
+	// handlers side by side would break its order: the listener runs one
+	// handler until two of its channels have had messages at once
+	// (seeParallel), and once it is plain that the queue is single-active
+	// it stops adding channels (singleactive.go).
+	s.seeParallel()
+	s.updateCeiling()
+	if first {
+		return // the calls counted so far are since the start, not the last look
+	}
+	s.watchSingleActive(now, mono, calls > 0 || l.pool.busy.Load() > 0)
+	s.scalePool(now, mono, peak, fullAt)
+	s.scaleChannels(now, mono)
+}
+
+// scalePool grows the pool by a slot when every slot is taken and messages
+// wait at the broker (a delivery that waits for a slot in the process grows
+// it at once: workers.enter), and shrinks it to the most calls that ran at
+// once in the last look when none has found it full for the idle timeout.
+func (s *session) scalePool(now time.Time, mono int64, peak int32, fullAt int64) {
+	l := s.sv.l
+	w := l.pool
+	limit := w.limit.Load()
+	if limit < w.ceiling.Load() && w.busy.Load() >= limit {
+		if depth, ok := s.depth(now); ok && depth > 0 && w.grow() {
+			l.cfg.logger.Debug("listener: more handlers at once", "queue", l.queue, "handlers", limit+1, "ready", depth)
 		}
 		return
 	}
-
-	var busy float64
-	var calls uint64
-	saturated := false
-	for _, c := range s.active {
-		b, n := c.sample(mono, window)
-		busy += b
-		calls += n
-		if l.cfg.prefetch > 0 && c.inFlight.Load() >= int64(l.cfg.prefetch) {
-			saturated = true // every slot is taken, by parked deliveries perhaps
+	if limit > w.floor && time.Duration(mono-fullAt) >= l.cfg.idleTimeout {
+		w.shrinkTo(peak)
+		if after := w.limit.Load(); after < limit {
+			l.cfg.logger.Debug("listener: fewer handlers at once", "queue", l.queue, "handlers", after, "idle", time.Duration(mono-fullAt).Round(time.Millisecond))
 		}
 	}
+}
+
+// scaleChannels opens channels when every one is full of deliveries that
+// do not wait for a handler slot (they wait between retries, or run while
+// the pool has room) and messages wait at the broker, enough for the
+// backlog at the prefetch; and closes channels above the base, newest first,
+// that have had nothing in flight for the idle timeout.
+func (s *session) scaleChannels(now time.Time, mono int64) {
+	l := s.sv.l
 	n := len(s.active)
-	utilisation := busy / float64(n)
-	// On a single-active-consumer queue more consumers add nothing: the
-	// listener adds one, and no more until it has had messages, or, once
-	// it is plain that it will not have any, never again (singleactive.go).
-	// The idle ones above the minimum are scaled down below instead.
-	s.seeParallel()
-	s.watchSingleActive(now, mono, calls > 0 || busy > 0)
-	if n < l.cfg.max && (utilisation >= 0.75 || saturated) && !l.singleActiveHolds() && (n == 1 || l.parallel.Load()) {
+	full := n > 0 && l.pool.busy.Load() < l.pool.ceiling.Load()
+	for _, c := range s.active {
+		if !full {
+			break
+		}
+		full = !c.stopping.Load() && c.inFlight.Load() >= int64(c.prefetch) && c.waiting.Load() == 0
+	}
+	capacity := l.channelCap()
+	if l.keepsOrder() {
+		capacity = 1
+	}
+	if full && n < capacity && s.starvedLooks == 0 && (n == 1 || l.parallel.Load()) {
 		depth, ok := s.depth(now)
 		if ok && depth > 0 {
-			add := 1
-			if rate := float64(calls) / window.Seconds() / float64(n); rate > 0 {
-				// Enough consumers to drain the backlog within the drain target.
-				want := int(math.Ceil(float64(depth) / (rate * l.cfg.drainTarget.Seconds())))
-				add = max(want-n, 1)
-			}
+			add := max((depth+l.cfg.prefetch-1)/l.cfg.prefetch, 1)
 			if !l.parallel.Load() {
 				add = 1 // and no more until it has had messages (seeParallel)
 			}
-			add = min(add, l.cfg.max-n)
+			add = min(add, capacity-n)
 			started := 0
 			for range add {
 				if err := s.add(); err != nil {
-					l.cfg.logger.Warn("listener: cannot add a consumer", "queue", l.queue, "error", err)
+					l.cfg.logger.Warn("listener: cannot open another channel", "queue", l.queue, "error", err)
 					break
 				}
 				started++
 			}
-			l.cfg.logger.Debug("listener: scaled up", "queue", l.queue, "consumers", len(s.active), "added", started,
-				"utilisation", utilisation, "saturated", saturated, "ready", depth)
+			l.cfg.logger.Debug("listener: channels full of deliveries waiting between retries: opened more", "queue", l.queue,
+				"channels", len(s.active), "added", started, "ready", depth)
 		}
 		return
 	}
-
-	// Scale down: newest first, never below the minimum, only consumers with
-	// nothing in flight that have been idle for the idle timeout.
-	for i := len(s.active) - 1; i >= 0 && len(s.active) > l.cfg.min; i-- {
+	base := s.baseChannels()
+	for i := len(s.active) - 1; i >= 0 && len(s.active) > base; i-- {
 		c := s.active[i]
 		idle := time.Duration(mono - c.lastActive.Load())
 		if c.inFlight.Load() == 0 && idle >= l.cfg.idleTimeout && !s.spareForVerdict(c, idle) {
 			c.stop()
 			s.active = slices.Delete(s.active, i, i+1)
-			l.cfg.logger.Debug("listener: scaled down", "queue", l.queue, "consumers", len(s.active), "idle", idle)
+			l.cfg.logger.Debug("listener: closed an idle channel", "queue", l.queue, "channels", len(s.active), "idle", idle)
 		}
 	}
 }
 
 // depth is the number of ready messages, from a passive declare on a control
-// channel, at most every 200ms.
+// channel, at most every 200ms; the parts of one look (same now) that ask
+// share one read.
 func (s *session) depth(now time.Time) (int, bool) {
+	if now.Equal(s.lastDepth) {
+		return s.depthRead, s.depthOK
+	}
 	if now.Sub(s.lastDepth) < 200*time.Millisecond {
 		return 0, false
 	}
 	s.lastDepth = now
+	s.depthRead, s.depthOK = s.readDepth()
+	return s.depthRead, s.depthOK
+}
+
+func (s *session) readDepth() (int, bool) {
 	if s.control == nil || s.control.IsClosed() {
 		ch, err := s.conn.Channel()
 		if err != nil {

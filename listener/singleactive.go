@@ -128,6 +128,26 @@ func (s *session) starvedConsumer(mono int64) *consumer {
 	return nil
 }
 
+// seeSideBySide notes, as c takes in a delivery, whether another channel
+// of the listener holds one at the same moment, open and not stopping:
+// the queue serves them side by side, which a single-active queue never
+// does (it delivers to its active consumer only, and to the next once that
+// one is gone, with what it held returned). Then the pool may run handlers
+// side by side at once, rather than at the scaler's next look
+// (seeParallel). It runs only until the listener knows.
+func (l *Listener) seeSideBySide(c *consumer) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for o := range l.consumers {
+		if o != c && o.inFlight.Load() > 0 && !o.stopping.Load() && !o.brokerCancelled.Load() && !o.ch.IsClosed() {
+			if l.parallel.CompareAndSwap(false, true) && l.singleActive.Load() == singleActiveUnknown {
+				l.pool.setCeiling(l.cfg.max)
+			}
+			return
+		}
+	}
+}
+
 // seeParallel notes when a consumer other than the oldest gets deliveries:
 // the queue serves several consumers at once, which on a single-active
 // queue only the first of the listener's consumers (the first registered)

@@ -198,18 +198,19 @@ func runSACChild(t *testing.T, v string) {
 	_ = l.Run(ctx)
 }
 
-// peakConsumers samples the listener's consumers from now until the
-// messages are handled, and returns the most it saw; publish runs while
-// it samples.
-func peakConsumers(t *testing.T, r *running, s *seen, total int, publish func()) int {
+// peakConsumers samples the listener's handlers at a time (Stats'
+// Consumers) and channels from now until the messages are handled, and
+// returns the most of each it saw; publish runs while it samples.
+func peakConsumers(t *testing.T, r *running, s *seen, total int, publish func()) (consumers, channels int) {
 	t.Helper()
 	done := make(chan struct{})
-	peak := make(chan int, 1)
+	peak := make(chan [2]int, 1)
 	go func() {
-		most := 0
+		var most [2]int
 		defer func() { peak <- most }()
 		for {
-			most = max(most, r.Stats().Consumers)
+			st := r.Stats()
+			most[0], most[1] = max(most[0], st.Consumers), max(most[1], st.Channels)
 			select {
 			case <-done:
 				return
@@ -227,7 +228,7 @@ func peakConsumers(t *testing.T, r *running, s *seen, total int, publish func())
 	if s.distinct() < total {
 		t.Fatalf("%d of %d handled after 60s", s.distinct(), total)
 	}
-	return most
+	return most[0], most[1]
 }
 
 // A listener that declares its queue with single active consumer knows
@@ -247,8 +248,8 @@ func TestSingleActiveDeclaredNeverScalesUp(t *testing.T) {
 				return nil
 			}, listener.WithDeclare(topo.Declare), listener.WithMaxConcurrentConsumers(4), listener.WithPrefetch(10), listener.WithLogger(log.Logger()))
 			brokertest.Eventually(t, 10*time.Second, "the listener consuming", func() bool { return r.Stats().Consumers == 1 })
-			if peak := peakConsumers(t, r, s, total, func() { publishN(t, topo.Queue, total) }); peak != 1 {
-				t.Errorf("the listener grew to %d consumers on a single-active-consumer queue it declared", peak)
+			if peak, channels := peakConsumers(t, r, s, total, func() { publishN(t, topo.Queue, total) }); peak != 1 || channels != 1 {
+				t.Errorf("the listener grew to %d handlers at a time on %d channels on a single-active-consumer queue it declared, want 1 on 1", peak, channels)
 			}
 			if n := log.Count("declared with single active consumer"); n != 1 {
 				t.Errorf("the warning was logged %d times, want once:\n%s", n, log.String())
@@ -258,12 +259,12 @@ func TestSingleActiveDeclaredNeverScalesUp(t *testing.T) {
 }
 
 // A queue declared elsewhere with single active consumer, consumed at
-// prefetch 1 so that the consumer working is always full: the listener
-// adds a consumer, sees it get nothing while the other works and messages
-// are ready, says so once and adds no more (without that it would grow to
-// its maximum, each new consumer as idle as the last), and the idle one
-// goes after the idle timeout. The same listener on an ordinary queue grows
-// to its maximum and says nothing.
+// prefetch 1 so that the channel working is always full: the listener's
+// second channel gets nothing while the other works and messages are
+// ready; it says so once, runs one handler at a time (the queue's order)
+// and opens no more channels (without that it would grow to its maximum,
+// each new channel as idle as the last). The same listener on an ordinary
+// queue grows to its maximum and says nothing.
 func TestSingleActiveObservedStopsScaling(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -272,8 +273,8 @@ func TestSingleActiveObservedStopsScaling(t *testing.T) {
 		wantPeak  int
 		wantWarns int
 	}{
-		{"classic", dlx.Classic, true, 2, 1},
-		{"quorum", dlx.Quorum, true, 2, 1},
+		{"classic", dlx.Classic, true, 1, 1},
+		{"quorum", dlx.Quorum, true, 1, 1},
 		{"classic without single active consumer", dlx.Classic, false, 4, 0},
 		{"quorum without single active consumer", dlx.Quorum, false, 4, 0},
 	} {
@@ -289,8 +290,12 @@ func TestSingleActiveObservedStopsScaling(t *testing.T) {
 				return nil
 			}, listener.WithMaxConcurrentConsumers(4), listener.WithPrefetch(1), listener.WithIdleTimeout(500*time.Millisecond), listener.WithLogger(log.Logger()))
 			brokertest.Eventually(t, 10*time.Second, "the listener consuming", func() bool { return r.Stats().Consumers == 1 })
-			if peak := peakConsumers(t, r, s, total, func() { publishN(t, q, total) }); peak != tc.wantPeak {
-				t.Errorf("the listener peaked at %d consumers, want %d", peak, tc.wantPeak)
+			peak, channels := peakConsumers(t, r, s, total, func() { publishN(t, q, total) })
+			if peak != tc.wantPeak {
+				t.Errorf("the listener peaked at %d handlers at a time, want %d", peak, tc.wantPeak)
+			}
+			if tc.sac && channels != 2 {
+				t.Errorf("the listener peaked at %d channels on a single-active queue, want its 2", channels)
 			}
 			if n := log.Count("delivers to one consumer at a time"); n != tc.wantWarns {
 				t.Errorf("the warning was logged %d times, want %d:\n%s", n, tc.wantWarns, log.String())

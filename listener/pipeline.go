@@ -1,0 +1,356 @@
+package listener
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/amqpretry/amqpretry/internal/amqphdr"
+	"github.com/amqpretry/amqpretry/internal/chainctx"
+	"github.com/amqpretry/amqpretry/internal/errtext"
+	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/middleware/chainrun"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// The delivery pipeline: one delivery's path from its channel to its
+// settlement, top to bottom.
+//
+//	received  channel.go: the channel's reader takes it in (admit): unreadable
+//	          headers are rejected, what arrives at a stopping consumer goes
+//	          back, and the rest is in flight.
+//	gathered  batch.go (NewBatch only): collected into a batch, whose handler
+//	          call is one slot of the pool; each failed message of a batch then
+//	          takes the path below on its own.
+//	handled   process, handleAndSettle: past WithRedeliveryLimit straight to
+//	          the recoverer (redelivery.go), else through the chain, whose
+//	          handler runs in a slot of the listener's pool (gated, enter,
+//	          leave; pool.go). With a pool of several slots the reader hands
+//	          the reading on as the handler takes its slot; a wait between
+//	          attempts does the same and holds no slot (delivery.go: WillWait).
+//	settled   settle: an interruption is released, the kill switch counts the
+//	          outcome (killswitch.go), a redelivered failure waits before its
+//	          requeue (waitBeforeRequeue), and the settlement goes on the
+//	          delivery's own channel, at once or coalesced (coalesce.go).
+
+// process runs one delivery through the chain and settles it.
+func (c *consumer) process(dd *delivery) {
+	defer c.pending.Done()
+	defer c.inFlight.Add(-1)
+	defer c.parked.settle(dd)
+	returned := false
+	defer func() {
+		if !returned { // the goroutine is ending in runtime.Goexit (a panic comes back as an error: see call)
+			c.goexited(dd)
+		}
+	}()
+	c.handleAndSettle(dd)
+	returned = true
+}
+
+// handleAndSettle is process's work.
+func (c *consumer) handleAndSettle(dd *delivery) {
+	l := c.sv.l
+	d := &dd.Delivery
+	began := dd.received
+	ctx, span := l.startProcess(c.ctx, d, &c.spans, began)
+	dd.Context = ctx
+	var err error
+	if count, over := l.overRedeliveryLimit(d); over {
+		err = c.callOverLimit(dd, d, count, span)
+	} else {
+		err = c.call(dd, c.handle, d)
+	}
+	c.settle(dd, span, err)
+}
+
+// gated runs the handler in a slot of the listener's pool. h is
+// CatchPanics(handler): it never panics; the deferred release is for a
+// handler that ends its goroutine with runtime.Goexit.
+//
+// With a pool of more than one slot, the goroutine that read the delivery
+// hands the reading to a new one once the handler has its slot (WillWait,
+// as for a wait between retries), so that the next delivery can run beside
+// it. With one slot it keeps reading after the handler: the next delivery
+// could not run before anyway, and a healthy message costs no goroutine.
+func (c *consumer) gated(h middleware.Handler) middleware.Handler {
+	pool := c.sv.l.pool
+	return func(ctx context.Context, d *amqp.Delivery) error {
+		start, err := c.enter(ctx, 1)
+		if err != nil {
+			return err
+		}
+		if pool.parallel() && c.b == nil {
+			if dd, ok := ctx.Value(chainctx.WaitHookKey).(*delivery); ok {
+				dd.WillWait()
+			}
+		}
+		returned := false
+		defer func() {
+			if !returned { // runtime.Goexit in the handler: free the slot for other deliveries
+				c.leave(start, 1, false)
+			}
+		}()
+		err = h(ctx, d)
+		returned = true
+		c.leave(start, 1, true)
+		return err
+	}
+}
+
+// enter takes a slot of the listener's pool for a handler call on n
+// deliveries (1, or a batch's), and returns when the call began; once
+// shutdown (or a trip) has begun, no new call starts.
+func (c *consumer) enter(ctx context.Context, n int) (start int64, err error) {
+	pool := c.sv.l.pool
+	if err := pool.enter(ctx, c.interrupt, &c.waiting); err != nil {
+		return 0, err
+	}
+	select {
+	case <-c.interrupt: // shutdown (or a trip) began while we waited: no new attempt starts
+		pool.release()
+		return 0, &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		// Its context ended while it waited (its channel died, a Timeout's
+		// deadline passed): the handler would only find it so.
+		pool.release()
+		return 0, err
+	}
+	start = monotime()
+	c.running.Add(int64(n))
+	return start, nil
+}
+
+// leave frees the slot after the call enter let in; returned is false for a
+// call that ended its goroutine (runtime.Goexit), which is not counted.
+func (c *consumer) leave(start int64, n int, returned bool) {
+	if returned {
+		end := monotime()
+		c.busyNanos.Add(end - start)
+		c.calls.Add(uint64(n))
+		c.lastActive.Store(end)
+	}
+	c.running.Add(-int64(n))
+	c.sv.l.pool.leave()
+}
+
+var errShuttingDown = errors.New("shutting down before the handler ran")
+
+// settle settles dd once its chain has returned err, on the channel it came
+// from, and counts, logs and telemeters the end: an interruption is
+// released, not failed; the kill switch counts the outcome; a redelivered
+// failure waits before its requeue. span is dd's process span, or
+// telemetry.NoSpan for a delivery of a batch (whose span is the batch's):
+// the processing time is recorded for each delivery either way. It returns
+// the settlement made, or the one meant for a delivery that could not be
+// settled (its channel is gone).
+func (c *consumer) settle(dd *delivery, span trace.Span, err error) chainrun.Settlement {
+	l := c.sv.l
+	d := &dd.Delivery
+	ctx := dd.Context
+	settlement := chainrun.SettlementFor(err)
+	if (settlement == chainrun.Requeue || settlement == chainrun.Reject) && ctx.Err() != nil {
+		// The listener ended the delivery's context (the shutdown timeout
+		// passed, its channel died): what failed then is not the message's
+		// fault, even a Permanent error (a lookup cut off, say), and it goes
+		// back with a nack, not to the queue's DLX.
+		err = &middleware.InterruptedError{Reason: context.Cause(ctx), Last: err}
+		settlement = chainrun.Release
+	}
+	// Processing is over: the span and the duration do not include the
+	// requeue delay that may follow.
+	l.endProcess(ctx, span, dd.received, err, settlement)
+	if l.killSwitch != nil {
+		probeFailed := dd.fate != nil && dd.fate.probeFailed
+		if o, counted := l.classify(dd, err, settlement); counted && (dd.fate == nil || !dd.fate.recorded) {
+			tripped, failedProbe := l.killSwitch.record(time.Now(), o)
+			if tripped {
+				l.stopAllConsumers()
+			}
+			probeFailed = probeFailed || failedProbe
+		}
+		if (settlement == chainrun.Reject || settlement == chainrun.Requeue) && l.tripped() && !probeFailed {
+			// (The probe's own failure is settled as the chain says, so a
+			// message that fails every time does not fail every probe.)
+			// Once the switch has tripped, a failure goes back to the
+			// queue untouched, as the chain's recoverer would have had it:
+			// a reject without requeue would hand it to the queue's DLX.
+			err = &middleware.InterruptedError{Reason: errTripped, Last: err}
+			settlement = chainrun.Release
+		}
+	}
+	// A redelivery through the broker (dlx's Redeliver) waits in the queue
+	// instead of here.
+	redeliver := settlement == chainrun.Requeue && redeliversThroughBroker(err)
+	if settlement == chainrun.Requeue && !redeliver {
+		c.waitBeforeRequeue(dd)
+	}
+	if c.brokerCancelled.Load() {
+		// The broker took it back when it cancelled the consumer (see
+		// admit).
+		c.acks.forget(dd.tag)
+		l.cfg.logger.Debug("listener: delivery not settled; the broker took it back at the consumer timeout and redelivers it",
+			"queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag)
+		return settlement
+	}
+	wire := settlement
+	if settlement == chainrun.Requeue && !redeliver && recoveryFailed(err) {
+		// The message failed, but what failed now is putting it somewhere
+		// safe (the DLQ publish timed out): it goes back with a nack, which
+		// RabbitMQ 4.3 does not count toward the delivery limit, so that the
+		// next delivery, after the requeue delay, tries the recovery again
+		// (a reject would use up a last delivery, and the broker would
+		// dead-letter the message itself, without its fault headers).
+		wire = chainrun.Release
+	}
+	if serr := c.acks.settle(dd.tag, wire); serr != nil {
+		l.cfg.logger.Debug("listener: delivery not settled; its channel is gone and the broker requeues it", "queue", l.queue, "delivery_tag", d.DeliveryTag, "error", serr)
+		return settlement
+	}
+	switch settlement {
+	case chainrun.Ack: // counted in Handled as its ack is written
+		if dd.fate != nil && dd.fate.recovered {
+			l.recovered(dd.MessageId, dd.fate)
+		}
+		return settlement
+	case chainrun.Requeue, chainrun.Release:
+		l.stats.requeued.Add(1)
+	case chainrun.Reject:
+		l.stats.rejected.Add(1)
+	}
+	l.stats.failed.Add(1)
+	switch {
+	case settlement == chainrun.Release: // the listener's doing, not a failure
+	case redeliver:
+		// One try of several the broker makes (dlx's Redeliver), as a
+		// Retry's attempt is: the dead letter, if it comes to that, is
+		// logged at warning level.
+		if l.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
+			l.cfg.logger.Debug("listener: message failed; the broker delivers it again", "queue", l.queue, "message_id", d.MessageId, "error", errtext.String(err))
+		}
+	default:
+		l.cfg.logger.Warn("listener: message failed", "queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag, "settlement", settlement.String(), "error", errtext.String(err))
+	}
+	if settlement == chainrun.Reject && rejectLoops(d, l.queue, err) {
+		l.cfg.logger.Error("listener: a message rejected for good came back to this queue after an earlier rejection from it, "+
+			"so it may loop: if the queue dead-letters into a retry queue that returns here (dlx.Topology with SingleRetryDelay), "+
+			"a Permanent error or recoverer.Reject never reaches a DLQ. End the chain with "+
+			"Recover(topo.RejectToRetry(n, recoverer.Republish(pub, topo.DLX(), topo.DLQRoutingKey())))",
+			"queue", l.queue, "message_id", d.MessageId, "error", errtext.String(err))
+	}
+	return settlement
+}
+
+// recoveryFailed reports whether err says the chain's recoverer could not
+// put the message somewhere safe (middleware.ErrRecoveryFailed), rather
+// than asked on purpose for a requeue (recoverer.Requeue).
+func recoveryFailed(err error) (yes bool) {
+	defer func() {
+		if recover() != nil { // an Is, As or Unwrap method of the user's error panicked
+			yes = false
+		}
+	}()
+	var onPurpose interface{ RequeuesOnPurpose() bool }
+	if errors.As(err, &onPurpose) && onPurpose.RequeuesOnPurpose() {
+		return false
+	}
+	return errors.Is(err, middleware.ErrRecoveryFailed)
+}
+
+// redeliversThroughBroker reports whether a recoverer handed the message
+// back for the broker to redeliver after its own delay (dlx's Redeliver).
+func redeliversThroughBroker(err error) (yes bool) {
+	defer func() {
+		if recover() != nil { // an Is or Unwrap method of the user's error panicked
+			yes = false
+		}
+	}()
+	return errors.Is(err, middleware.ErrRedeliver)
+}
+
+// rejectLoops reports whether rejecting d without requeue sends it round
+// to its queue again: it has been rejected from queue before and is back,
+// and the rejection is not a retry that means to go round
+// (dlx.Topology.RejectToRetry's, which says so with RetriesThroughDeadLetters).
+func rejectLoops(d *amqp.Delivery, queue string, err error) (loops bool) {
+	defer func() {
+		if recover() != nil { // an As or Unwrap method of the user's error panicked
+			loops = false
+		}
+	}()
+	var retry interface{ RetriesThroughDeadLetters() bool }
+	if errors.As(err, &retry) && retry.RetriesThroughDeadLetters() {
+		return false
+	}
+	for _, death := range amqphdr.Deaths(d.Headers) {
+		if death.Queue == queue && death.Reason == "rejected" {
+			return true
+		}
+	}
+	return false
+}
+
+// call runs h, the chain (or what replaces it past the redelivery limit); a
+// panic in a middleware outside CatchPanics, or in a recoverer, becomes an
+// error too, so one bad message never takes the process down.
+func (c *consumer) call(ctx context.Context, h middleware.Handler, d *amqp.Delivery) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &middleware.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return h(ctx, d)
+}
+
+// waitBeforeRequeue delays the requeue of a message that has failed before
+// (redelivered), so that a poison message without a recoverer does not cycle
+// through the broker as fast as the network allows. Shutdown and channel
+// loss end the wait at once.
+func (c *consumer) waitBeforeRequeue(dd *delivery) {
+	delay := c.sv.l.requeueDelay(&dd.Delivery)
+	if delay <= 0 {
+		return
+	}
+	// The delivery is unsettled while it waits: never past the consumer
+	// timeout (less a tenth, for the broker's periodic check and the time
+	// the delivery spent in the prefetch before it was read), where the
+	// broker would take it back uncounted and the failure would not count.
+	timeout := c.sv.l.cfg.consumerTimeout
+	if left := timeout - timeout/10 - time.Duration(monotime()-dd.received); delay > left {
+		if delay = left; delay <= 0 {
+			return
+		}
+	}
+	dd.WillWait()
+	l := c.sv.l
+	l.tel.Parked.Add(c.ctx, 1, l.attrs.queue.Add...)
+	defer l.tel.Parked.Add(c.ctx, -1, l.attrs.queue.Add...)
+	timer := time.NewTimer(delay)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+	case <-c.ctx.Done():
+	case <-c.interrupt:
+	}
+}
+
+func (l *Listener) requeueDelay(d *amqp.Delivery) time.Duration {
+	if !d.Redelivered {
+		return 0
+	}
+	delay := l.cfg.requeueDelay
+	if delay == 0 {
+		return 0
+	}
+	if n := amqphdr.DeliveryCount(d.Headers); n > 1 {
+		for i := 1; i < n && delay < l.cfg.requeueDelayMax; i++ {
+			delay *= 2
+		}
+	}
+	return min(delay, l.cfg.requeueDelayMax)
+}
