@@ -2,7 +2,6 @@ package listener
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime/debug"
 	"sync/atomic"
@@ -34,52 +33,6 @@ import (
 // delivery batch holds at i when the handler returns. A batch that no longer
 // holds exactly the deliveries it was given fails with ErrBatchResults.
 type BatchHandler func(ctx context.Context, batch []*amqp.Delivery) error
-
-// ErrBatchResults is the error the messages of a batch fail with when its
-// BatchHandler returned PerMessage with a slice of another length than the
-// batch's: the listener cannot tell which result is whose.
-var ErrBatchResults = errors.New("listener: the batch handler's results do not match its batch")
-
-// MessageErrors is what PerMessage returns: the result of each message of a
-// batch, Errs[i] for batch[i], nil for a success.
-type MessageErrors struct {
-	Errs []error
-}
-
-// PerMessage reports a batch's results one message at a time: errs[i] is
-// the result of batch[i] as the slice holds it when the handler returns
-// (sorted in place, if the handler sorted it), nil for a success, and errs
-// must be as long as the batch. It always returns a non-nil *MessageErrors, even when every
-// result is nil (then every message is acked): the listener checks the
-// length before it reads any result.
-func PerMessage(errs []error) error { return &MessageErrors{Errs: errs} }
-
-func (e *MessageErrors) Error() string {
-	failed, first := 0, -1
-	for i, err := range e.Errs {
-		if err != nil {
-			failed++
-			if first < 0 {
-				first = i
-			}
-		}
-	}
-	if failed == 0 {
-		return fmt.Sprintf("listener: none of the %d messages of the batch failed", len(e.Errs))
-	}
-	return fmt.Sprintf("listener: %d of the %d messages of the batch failed; the first, message %d: %s",
-		failed, len(e.Errs), first, errorString(e.Errs[first]))
-}
-
-// errorString is err.Error(), or a stand-in when that panics (a typed nil).
-func errorString(err error) (s string) {
-	defer func() {
-		if v := recover(); v != nil {
-			s = fmt.Sprintf("%T (its Error method panicked: %v)", err, v)
-		}
-	}()
-	return err.Error()
-}
 
 // NewBatch returns a Listener that hands its handler batches of up to size
 // deliveries: a batch is handed on as soon as it is full, or wait after its
@@ -218,116 +171,6 @@ type batchRun struct {
 	notAcked  atomic.Int32
 }
 
-// spawnFailures starts a goroutine that runs the rest of a detached
-// batch's failures.
-func (c *consumer) spawnFailures(run *batchRun) {
-	c.sv.consumers.Add(1)
-	go func() {
-		defer c.sv.consumers.Done()
-		c.runFailures(run)
-	}()
-}
-
-// spawnBatchReader starts a goroutine that runs the rest of pending's
-// failures (if pending is not nil), then reads batches.
-func (c *consumer) spawnBatchReader(pending *batchRun) {
-	c.sv.consumers.Add(1)
-	go c.readBatches(pending)
-}
-
-// readBatches is read for batch mode.
-func (c *consumer) readBatches(pending *batchRun) {
-	defer c.sv.consumers.Done()
-	if pending != nil && !c.runFailures(pending) {
-		return // one of them parked: another goroutine goes on
-	}
-	for {
-		run, open := c.collect()
-		if run != nil && open && c.sv.l.pool.parallel() {
-			// Several batches may run at once: this goroutine runs this
-			// one, a new one reads the next.
-			run.detached = true
-			c.parked.park(run.dds[0]) // the oldest, for the age watch
-			c.spawnBatchReader(nil)
-			c.runBatch(run)
-			return
-		}
-		if run != nil && !c.runBatch(run) {
-			return
-		}
-		if !open {
-			break
-		}
-	}
-	c.finish()
-}
-
-// collect reads the next batch: it waits for a first delivery, then takes
-// what arrives until the batch is full, the wait has passed since the first,
-// the consumer can receive no more (every prefetch slot taken), or it is
-// interrupted. open is false once the deliveries channel has closed; run is
-// nil when nothing was collected.
-func (c *consumer) collect() (run *batchRun, open bool) {
-	b := c.b
-	for run == nil {
-		d, ok := <-c.deliveries
-		if !ok {
-			return nil, false
-		}
-		if dd := c.admit(&d); dd != nil {
-			run = &batchRun{c: c, dds: make([]*delivery, 0, b.size)}
-			run.add(dd)
-		}
-	}
-	if len(run.dds) >= b.size {
-		return run, true
-	}
-	prefetch := int64(c.prefetch)
-	if b.wait == 0 {
-		for len(run.dds) < b.size && c.inFlight.Load() < prefetch {
-			select {
-			case d, ok := <-c.deliveries:
-				if !ok {
-					return run, false
-				}
-				if dd := c.admit(&d); dd != nil {
-					run.add(dd)
-				}
-			default:
-				return run, true
-			}
-		}
-		return run, true
-	}
-	b.timer.Reset(b.wait)
-	defer b.timer.Stop()
-	for len(run.dds) < b.size && c.inFlight.Load() < prefetch {
-		select {
-		case d, ok := <-c.deliveries:
-			if !ok {
-				return run, false
-			}
-			if dd := c.admit(&d); dd != nil {
-				run.add(dd)
-			}
-		case <-b.timer.C:
-			return run, true
-		case <-c.interrupt: // shutdown or a trip: the batch goes back (enter refuses it)
-			return run, true
-		case <-c.ctx.Done(): // the channel died
-			return run, true
-		}
-	}
-	return run, true
-}
-
-func (run *batchRun) add(dd *delivery) {
-	r := dd.recovery()
-	r.batch, r.index = run, len(run.dds)
-	run.dds = append(run.dds, dd)
-	run.c.b.collecting.Add(1)
-}
-
 // runBatch handles a collected batch on the reader's goroutine: the
 // handler on the batch, the successes acked, then each failure's chain. It
 // returns false when this goroutine no longer reads: a failure parked.
@@ -454,37 +297,6 @@ func (c *consumer) invokeBatch(ctx context.Context, batch []*amqp.Delivery) (err
 		}
 	}()
 	return c.b.h(ctx, batch)
-}
-
-// batchResults reads what a handler returned for a batch of n: the result
-// of the i-th message.
-func batchResults(err error, n int) func(i int) error {
-	if err == nil {
-		return func(int) error { return nil }
-	}
-	me, ok := asMessageErrors(err)
-	switch {
-	case !ok:
-		return func(int) error { return err }
-	case len(me.Errs) != n:
-		wrong := fmt.Errorf("%w: PerMessage got %d results for a batch of %d (one per delivery, nil for a success, in the batch's order)",
-			ErrBatchResults, len(me.Errs), n)
-		return func(int) error { return wrong }
-	}
-	return func(i int) error { return me.Errs[i] }
-}
-
-// asMessageErrors finds PerMessage's results in err. An error whose As or
-// Unwrap method panics is taken as it is: a failure of the whole batch
-// (CatchPanics in each message's chain makes it a *middleware.PanicError).
-func asMessageErrors(err error) (me *MessageErrors, ok bool) {
-	defer func() {
-		if recover() != nil {
-			me, ok = nil, false
-		}
-	}()
-	ok = errors.As(err, &me) && me != nil
-	return me, ok
 }
 
 // batchOfOne is the handler of a failed message's retries: the batch

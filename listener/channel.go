@@ -53,6 +53,7 @@ type consumer struct {
 	interruptOnce sync.Once
 	forget        func()        // drops the channel's broker version (amqpconn.Remember)
 	finished      chan struct{} // closed when finish is done with the channel
+	spare         chan struct{} // hands the reading to a spare goroutine (read)
 
 	current        atomic.Pointer[delivery] // the one the reader is handling
 	parked         parkedList               // those waiting between attempts, oldest first
@@ -112,6 +113,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 		interrupt: make(chan struct{}),
 		forget:    forget,
 		finished:  make(chan struct{}),
+		spare:     make(chan struct{}),
 	}
 	select {
 	case <-sv.interrupt:
@@ -266,83 +268,6 @@ func (c *consumer) spawnReader() {
 	}
 	c.sv.consumers.Add(1)
 	go c.read()
-}
-
-func (c *consumer) read() {
-	defer c.sv.consumers.Done()
-	for d := range c.deliveries {
-		dd := c.admit(&d)
-		if dd == nil {
-			continue
-		}
-		dd.reader.Store(true)
-		c.current.Store(dd)
-		c.process(dd)
-		c.current.CompareAndSwap(dd, nil) // unless another reader has a newer one
-		if !dd.reader.CompareAndSwap(true, false) {
-			return // it parked: another goroutine reads now
-		}
-		// Done with dd: a late WillWait on it (from a goroutine its handler
-		// left behind) finds reader false and starts no second reader.
-	}
-	c.finish()
-}
-
-// admit takes in a delivery just read: it returns it in flight, or nil for
-// one that is not to be handled (nacked here, or left to the broker).
-func (c *consumer) admit(d *amqp.Delivery) *delivery {
-	if c.brokerCancelled.Load() {
-		// The broker has taken back every unacked delivery of this
-		// consumer (a 4.3 consumer timeout, or its queue is gone) and
-		// gives them to another: handling them here would do the work
-		// twice, and settling them is worse than useless (on RabbitMQ
-		// 4.3.6 a late nack or reject here could make another of them
-		// count as a failed delivery).
-		return nil
-	}
-	if c.ch.IsClosed() {
-		// The channel is gone, and the broker has requeued what it held:
-		// a delivery still in the client's buffer is another consumer's
-		// now, and handling it would do the work twice.
-		return nil
-	}
-	if c.sv.l.unreadable(d) {
-		c.rejectUnreadable(d)
-		return nil
-	}
-	c.inFlight.Add(1) // before stopping is read: see stopOrdered
-	if c.holding.Load() {
-		// Stopping on an ordered queue: held unsettled, for the channel's
-		// close to hand back in order (a nack would have the broker send it
-		// straight back to this consumer, still the active one).
-		c.inFlight.Add(-1)
-		return nil
-	}
-	if c.stopping.Load() && !c.handOver.Load() {
-		c.inFlight.Add(-1)
-		// Arrived after we cancelled: back to the queue at once, with a
-		// nack, which does not count as a failed delivery. (A careful
-		// consumer handing over handles it instead: before RabbitMQ 4.3
-		// a nack counts toward x-delivery-count, and this may be a
-		// returned message on its way to the redelivery limit.)
-		_ = d.Nack(false, true)
-		return nil
-	}
-	if l := c.sv.l; !l.parallel.Load() && !l.keepsOrder() {
-		l.seeSideBySide(c)
-	}
-	if c.careful && !d.Redelivered {
-		select {
-		case c.calm <- struct{}{}:
-		default: // told already
-		}
-	}
-	if d.Headers != nil && !c.sv.l.countsToldOnce.Load() {
-		c.sv.l.tellDeliveryCounting(d.Headers)
-	}
-	c.pending.Add(1)
-	c.acks.received(d.DeliveryTag)
-	return &delivery{Delivery: *d, c: c, received: monotime(), id: d.MessageId, tag: d.DeliveryTag}
 }
 
 // finish runs once the deliveries channel has closed: it waits for the

@@ -363,3 +363,51 @@ func (s *settler) remove(tag uint64) {
 	}
 	s.out = append(s.out[:i], s.out[i+1:]...)
 }
+
+// MaxAckCoalescingDelay bounds WithAckCoalescing's delay: an ack held back
+// longer helps throughput no more, and keeps a delivery unsettled on the
+// broker, toward its consumer timeout, for nothing.
+const MaxAckCoalescingDelay = time.Minute
+
+// WithAckCoalescing acks handled deliveries together: one basic.ack with
+// multiple=true for a run of them instead of one basic.ack each (Spring
+// AMQP's batchSize on the SimpleMessageListenerContainer, messagesPerAck
+// and ackTimeout on the DirectMessageListenerContainer). The acks of at
+// most maxDeliveries handled deliveries per consumer wait, none of them
+// longer than maxDelay: the maxDeliveries-th, or maxDelay after the first
+// of them, writes them.
+//
+// A multiple ack settles every unsettled delivery of its channel up to its
+// tag, so it only ever names the last of a run that begins at the channel's
+// oldest unsettled delivery and holds handled deliveries alone. A delivery
+// still in flight (waiting between retries, say) ends the run: the handled
+// deliveries read after it are acked one by one when the bound comes, and
+// it keeps its place. A failure is rejected or nacked at once, on its own,
+// after the run below it has been acked.
+//
+// The price: a connection or channel lost with acks waiting hands those
+// messages back to the queue although they were handled, at most
+// maxDeliveries per consumer, and they are handled again (as on a crash,
+// and counted again toward a quorum queue's x-delivery-count). A graceful
+// shutdown, a scale-down and a trip of the kill switch write the waiting
+// acks before the channel closes. Stats().Handled counts deliveries as their
+// acks are written. A consumer at prefetch 1 (the careful start of
+// WithRedeliveryLimit, the kill switch's probe) acks each delivery at once.
+//
+// maxDeliveries is 2 to the prefetch (WithPrefetch): a consumer stops
+// receiving while its prefetch is full of deliveries that wait for their
+// acks, so a quarter of it leaves room to keep the deliveries flowing
+// (62 of the default 250). maxDelay is 1ms to MaxAckCoalescingDelay; tens
+// of milliseconds suit most queues. Default: off, each delivery acked at
+// once.
+func WithAckCoalescing(maxDeliveries int, maxDelay time.Duration) Option {
+	return func(c *config) {
+		if maxDeliveries < 2 || maxDeliveries > 65535 {
+			c.fail("WithAckCoalescing expects 2 to 65535 deliveries (1 acks each delivery at once, the default), got %d", maxDeliveries)
+		}
+		if maxDelay < time.Millisecond || maxDelay > MaxAckCoalescingDelay {
+			c.fail("WithAckCoalescing expects a delay of 1ms to %v, got %v", MaxAckCoalescingDelay, maxDelay)
+		}
+		c.coalesceAcks, c.coalesceDelay = maxDeliveries, maxDelay
+	}
+}

@@ -150,7 +150,11 @@ func (dd *delivery) handOff() {
 		}
 		return
 	}
-	dd.c.spawnReader()
+	select {
+	case dd.c.spare <- struct{}{}: // a spare reads on (read)
+	default:
+		dd.c.spawnReader()
+	}
 }
 
 // goexited runs as the goroutine handling dd ends in runtime.Goexit (its

@@ -9,12 +9,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/amqpretry/amqpretry/internal/amqpconn"
-	"github.com/amqpretry/amqpretry/internal/amqphdr"
 	"github.com/amqpretry/amqpretry/internal/amqpurl"
 	"github.com/amqpretry/amqpretry/internal/telemetry"
 )
@@ -355,54 +351,6 @@ func WithRequeueDelay(initial, max time.Duration) Option {
 	}
 }
 
-// WithScaleInterval sets how often the listener looks at its consumers'
-// load. Default 250ms.
-func WithScaleInterval(d time.Duration) Option {
-	return func(c *config) {
-		if d < 10*time.Millisecond {
-			c.fail("WithScaleInterval expects at least 10ms, got %v", d)
-		}
-		c.scaleInterval = d
-	}
-}
-
-// WithIdleTimeout sets how long a consumer above the concurrent count must
-// have had nothing to do before it is stopped. Default 10s.
-func WithIdleTimeout(d time.Duration) Option {
-	return func(c *config) {
-		if d <= 0 {
-			c.fail("WithIdleTimeout expects a duration > 0, got %v", d)
-		}
-		c.idleTimeout = d
-	}
-}
-
-// WithTracerProvider sets where the process spans go, and the attempt spans
-// of a Retry in the chain that has no provider of its own. Default: the
-// global provider.
-func WithTracerProvider(tp trace.TracerProvider) Option {
-	return func(c *config) { c.telemetry.TracerProvider = tp }
-}
-
-// WithMeterProvider sets where the listener's metrics go, and those of the
-// Retry and Recover in its chain. Default: the global provider.
-func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) { c.telemetry.MeterProvider = mp }
-}
-
-// WithPropagators sets how the producer's trace context is read from the
-// message headers. Default: the global propagators.
-func WithPropagators(p propagation.TextMapPropagator) Option {
-	return func(c *config) { c.telemetry.Propagators = p }
-}
-
-// WithProducerAsParent makes the producer's span, read from the traceparent
-// header, the parent of the process span. By default it is linked instead,
-// as OpenTelemetry's messaging conventions advise: a consumer's trace then
-// starts with it rather than hanging off a producer trace that may have
-// ended long ago.
-func WithProducerAsParent() Option { return func(c *config) { c.producerParent = true } }
-
 // WithMissingQueueFatal makes a missing queue end Run with ErrQueueNotFound
 // instead of being retried with backoff.
 func WithMissingQueueFatal() Option { return func(c *config) { c.missingFatal = true } }
@@ -414,88 +362,3 @@ func WithMissingQueueFatal() Option { return func(c *config) { c.missingFatal = 
 // losses are redialled as always. A refused login or TLS certificate ends
 // Run with or without it.
 func WithFailFast() Option { return func(c *config) { c.failFast = true } }
-
-// WithRedeliveryLimit protects the fleet from a message that kills the
-// process handling it (out of memory, a crash in cgo, os.Exit in a library,
-// a SIGKILL for a stuck handler): no Retry ever sees an error, and the broker
-// hands the message to the next instance, which dies too. A delivery that
-// the broker says was delivered n times before without being settled
-// (x-delivery-count, which only quorum queues report) goes to the chain's
-// recoverer with a *RedeliveryLimitError, before the handler or any
-// middleware runs; with no Recover in the chain it is rejected without
-// requeue (the queue's dead-letter exchange takes it, if it has one).
-//
-// The recoverer is that of the Recover nearest the handler, the one a
-// Permanent error of the handler reaches; New finds it by building the
-// chain, never by running it. A recoverer that fails leaves the message on
-// its queue, as always.
-//
-// Every return counts toward x-delivery-count: a crash, a lost connection,
-// a requeue after a failure, and before RabbitMQ 4.3 a shutdown's nack. So
-// that messages in flight beside the one that kills the process are not
-// counted along with it at every crash, the listener starts (and restarts
-// after a lost connection) with one consumer at prefetch 1 until the
-// returned messages are through (see "Redelivery limit" in the package
-// doc). Pick n above the returns a healthy message may see, 3 or more, and
-// below the queue's own delivery limit (20 by default on RabbitMQ 4), past
-// which the broker dead-letters or drops the message itself.
-//
-// Classic queues report no x-delivery-count, only the redelivered flag,
-// which a single lost connection sets: there the limit cannot act, and the
-// listener says so once, at the first redelivered message. Default: off.
-func WithRedeliveryLimit(n int) Option {
-	return func(c *config) {
-		if n < 1 || n > amqphdr.MaxCount {
-			c.fail("WithRedeliveryLimit expects 1 to %d, got %d", amqphdr.MaxCount, n)
-		}
-		c.redeliveryLimit = n
-	}
-}
-
-// MaxAckCoalescingDelay bounds WithAckCoalescing's delay: an ack held back
-// longer helps throughput no more, and keeps a delivery unsettled on the
-// broker, toward its consumer timeout, for nothing.
-const MaxAckCoalescingDelay = time.Minute
-
-// WithAckCoalescing acks handled deliveries together: one basic.ack with
-// multiple=true for a run of them instead of one basic.ack each (Spring
-// AMQP's batchSize on the SimpleMessageListenerContainer, messagesPerAck
-// and ackTimeout on the DirectMessageListenerContainer). The acks of at
-// most maxDeliveries handled deliveries per consumer wait, none of them
-// longer than maxDelay: the maxDeliveries-th, or maxDelay after the first
-// of them, writes them.
-//
-// A multiple ack settles every unsettled delivery of its channel up to its
-// tag, so it only ever names the last of a run that begins at the channel's
-// oldest unsettled delivery and holds handled deliveries alone. A delivery
-// still in flight (waiting between retries, say) ends the run: the handled
-// deliveries read after it are acked one by one when the bound comes, and
-// it keeps its place. A failure is rejected or nacked at once, on its own,
-// after the run below it has been acked.
-//
-// The price: a connection or channel lost with acks waiting hands those
-// messages back to the queue although they were handled, at most
-// maxDeliveries per consumer, and they are handled again (as on a crash,
-// and counted again toward a quorum queue's x-delivery-count). A graceful
-// shutdown, a scale-down and a trip of the kill switch write the waiting
-// acks before the channel closes. Stats().Handled counts deliveries as their
-// acks are written. A consumer at prefetch 1 (the careful start of
-// WithRedeliveryLimit, the kill switch's probe) acks each delivery at once.
-//
-// maxDeliveries is 2 to the prefetch (WithPrefetch): a consumer stops
-// receiving while its prefetch is full of deliveries that wait for their
-// acks, so a quarter of it leaves room to keep the deliveries flowing
-// (62 of the default 250). maxDelay is 1ms to MaxAckCoalescingDelay; tens
-// of milliseconds suit most queues. Default: off, each delivery acked at
-// once.
-func WithAckCoalescing(maxDeliveries int, maxDelay time.Duration) Option {
-	return func(c *config) {
-		if maxDeliveries < 2 || maxDeliveries > 65535 {
-			c.fail("WithAckCoalescing expects 2 to 65535 deliveries (1 acks each delivery at once, the default), got %d", maxDeliveries)
-		}
-		if maxDelay < time.Millisecond || maxDelay > MaxAckCoalescingDelay {
-			c.fail("WithAckCoalescing expects a delay of 1ms to %v, got %v", MaxAckCoalescingDelay, maxDelay)
-		}
-		c.coalesceAcks, c.coalesceDelay = maxDeliveries, maxDelay
-	}
-}

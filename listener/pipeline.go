@@ -19,9 +19,9 @@ import (
 // The delivery pipeline: one delivery's path from its channel to its
 // settlement, top to bottom.
 //
-//	received  channel.go: the channel's reader takes it in (admit): unreadable
+//	received  read, admit: the channel's reader takes it in: unreadable
 //	          headers are rejected, what arrives at a stopping consumer goes
-//	          back, and the rest is in flight.
+//	          back, and the rest is in flight (the channel: channel.go).
 //	gathered  batch.go (NewBatch only): collected into a batch, whose handler
 //	          call is one slot of the pool; each failed message of a batch then
 //	          takes the path below on its own.
@@ -35,6 +35,105 @@ import (
 //	          outcome (killswitch.go), a redelivered failure waits before its
 //	          requeue (waitBeforeRequeue), and the settlement goes on the
 //	          delivery's own channel, at once or coalesced (coalesce.go).
+
+// A goroutine whose delivery went on off the reader (it parked, or ran
+// beside the reader in a pool of several slots) stays, once that delivery
+// is settled, as a spare: the next hand-off wakes it to read rather than
+// start a goroutine, whose stack would grow again on the handler's first
+// calls. Spares end as the consumer finishes.
+func (c *consumer) read() {
+	defer c.sv.consumers.Done()
+	for {
+		if c.readOn() {
+			c.finish()
+			return
+		}
+		select {
+		case <-c.spare: // the reading is ours again
+		case <-c.finished:
+			return
+		}
+	}
+}
+
+// readOn reads and handles deliveries until the deliveries channel closes
+// (true) or one of them goes on off the reader (false: another goroutine
+// reads now).
+func (c *consumer) readOn() (closed bool) {
+	for d := range c.deliveries {
+		dd := c.admit(&d)
+		if dd == nil {
+			continue
+		}
+		dd.reader.Store(true)
+		c.current.Store(dd)
+		c.process(dd)
+		c.current.CompareAndSwap(dd, nil) // unless another reader has a newer one
+		if !dd.reader.CompareAndSwap(true, false) {
+			return false
+		}
+		// Done with dd: a late WillWait on it (from a goroutine its handler
+		// left behind) finds reader false and starts no second reader.
+	}
+	return true
+}
+
+// admit takes in a delivery just read: it returns it in flight, or nil for
+// one that is not to be handled (nacked here, or left to the broker).
+func (c *consumer) admit(d *amqp.Delivery) *delivery {
+	if c.brokerCancelled.Load() {
+		// The broker has taken back every unacked delivery of this
+		// consumer (a 4.3 consumer timeout, or its queue is gone) and
+		// gives them to another: handling them here would do the work
+		// twice, and settling them is worse than useless (on RabbitMQ
+		// 4.3.6 a late nack or reject here could make another of them
+		// count as a failed delivery).
+		return nil
+	}
+	if c.ch.IsClosed() {
+		// The channel is gone, and the broker has requeued what it held:
+		// a delivery still in the client's buffer is another consumer's
+		// now, and handling it would do the work twice.
+		return nil
+	}
+	if c.sv.l.unreadable(d) {
+		c.rejectUnreadable(d)
+		return nil
+	}
+	c.inFlight.Add(1) // before stopping is read: see stopOrdered
+	if c.holding.Load() {
+		// Stopping on an ordered queue: held unsettled, for the channel's
+		// close to hand back in order (a nack would have the broker send it
+		// straight back to this consumer, still the active one).
+		c.inFlight.Add(-1)
+		return nil
+	}
+	if c.stopping.Load() && !c.handOver.Load() {
+		c.inFlight.Add(-1)
+		// Arrived after we cancelled: back to the queue at once, with a
+		// nack, which does not count as a failed delivery. (A careful
+		// consumer handing over handles it instead: before RabbitMQ 4.3
+		// a nack counts toward x-delivery-count, and this may be a
+		// returned message on its way to the redelivery limit.)
+		_ = d.Nack(false, true)
+		return nil
+	}
+	if l := c.sv.l; !l.parallel.Load() && !l.keepsOrder() {
+		l.seeSideBySide(c)
+	}
+	if c.careful && !d.Redelivered {
+		select {
+		case c.calm <- struct{}{}:
+		default: // told already
+		}
+	}
+	if d.Headers != nil && !c.sv.l.countsToldOnce.Load() {
+		c.sv.l.tellDeliveryCounting(d.Headers)
+	}
+	c.pending.Add(1)
+	c.acks.received(d.DeliveryTag)
+	return &delivery{Delivery: *d, c: c, received: monotime(), id: d.MessageId, tag: d.DeliveryTag}
+}
 
 // process runs one delivery through the chain and settles it.
 func (c *consumer) process(dd *delivery) {

@@ -155,3 +155,40 @@ func (s *session) endCare(why string) {
 	s.active = s.active[:0]
 	s.sv.l.cfg.logger.Info("listener: consuming at full prefetch", "queue", s.sv.l.queue, "why", why)
 }
+
+// WithRedeliveryLimit protects the fleet from a message that kills the
+// process handling it (out of memory, a crash in cgo, os.Exit in a library,
+// a SIGKILL for a stuck handler): no Retry ever sees an error, and the broker
+// hands the message to the next instance, which dies too. A delivery that
+// the broker says was delivered n times before without being settled
+// (x-delivery-count, which only quorum queues report) goes to the chain's
+// recoverer with a *RedeliveryLimitError, before the handler or any
+// middleware runs; with no Recover in the chain it is rejected without
+// requeue (the queue's dead-letter exchange takes it, if it has one).
+//
+// The recoverer is that of the Recover nearest the handler, the one a
+// Permanent error of the handler reaches; New finds it by building the
+// chain, never by running it. A recoverer that fails leaves the message on
+// its queue, as always.
+//
+// Every return counts toward x-delivery-count: a crash, a lost connection,
+// a requeue after a failure, and before RabbitMQ 4.3 a shutdown's nack. So
+// that messages in flight beside the one that kills the process are not
+// counted along with it at every crash, the listener starts (and restarts
+// after a lost connection) with one consumer at prefetch 1 until the
+// returned messages are through (see "Redelivery limit" in the package
+// doc). Pick n above the returns a healthy message may see, 3 or more, and
+// below the queue's own delivery limit (20 by default on RabbitMQ 4), past
+// which the broker dead-letters or drops the message itself.
+//
+// Classic queues report no x-delivery-count, only the redelivered flag,
+// which a single lost connection sets: there the limit cannot act, and the
+// listener says so once, at the first redelivered message. Default: off.
+func WithRedeliveryLimit(n int) Option {
+	return func(c *config) {
+		if n < 1 || n > amqphdr.MaxCount {
+			c.fail("WithRedeliveryLimit expects 1 to %d, got %d", amqphdr.MaxCount, n)
+		}
+		c.redeliveryLimit = n
+	}
+}

@@ -7,6 +7,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -189,3 +191,29 @@ func (l *Listener) endProcess(ctx context.Context, span trace.Span, began int64,
 		h.Record(ctx, time.Duration(monotime()-began).Seconds(), attrs.Record...)
 	}
 }
+
+// WithTracerProvider sets where the process spans go, and the attempt spans
+// of a Retry in the chain that has no provider of its own. Default: the
+// global provider.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.telemetry.TracerProvider = tp }
+}
+
+// WithMeterProvider sets where the listener's metrics go, and those of the
+// Retry and Recover in its chain. Default: the global provider.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) { c.telemetry.MeterProvider = mp }
+}
+
+// WithPropagators sets how the producer's trace context is read from the
+// message headers. Default: the global propagators.
+func WithPropagators(p propagation.TextMapPropagator) Option {
+	return func(c *config) { c.telemetry.Propagators = p }
+}
+
+// WithProducerAsParent makes the producer's span, read from the traceparent
+// header, the parent of the process span. By default it is linked instead,
+// as OpenTelemetry's messaging conventions advise: a consumer's trace then
+// starts with it rather than hanging off a producer trace that may have
+// ended long ago.
+func WithProducerAsParent() Option { return func(c *config) { c.producerParent = true } }
