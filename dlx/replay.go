@@ -36,6 +36,9 @@ type replayConfig struct {
 	toOriginal bool
 	progress   func(ReplayStats)
 	history    bool
+	toHeader   string
+	asIs       bool
+	edit       func(*amqp.Delivery, amqp.Table)
 }
 
 // ReplayLimit stops after n messages have been replayed.
@@ -49,6 +52,21 @@ func ReplayMatch(match func(d *amqp.Delivery) bool) ReplayOption {
 
 // ReplayTo sends every message to queue, through the default exchange.
 func ReplayTo(queue string) ReplayOption { return func(c *replayConfig) { c.toQueue = queue } }
+
+// ReplayToHeader sends each message to the queue its header name names,
+// through the default exchange; a message without that header stays. It
+// is how messages moved aside with ReplayAsIs find their way back.
+func ReplayToHeader(name string) ReplayOption { return func(c *replayConfig) { c.toHeader = name } }
+
+// ReplayAsIs publishes each message with every header it has, fault, retry
+// and death headers included (only CC and BCC go, which would route the
+// copy to further queues), then calls edit, if not nil, with the d taken
+// and the copy's headers to add or delete some. It is for moving dead
+// letters between holding queues (an archive and back), where their
+// history must survive; ReplayKeepHistory does nothing with it.
+func ReplayAsIs(edit func(d *amqp.Delivery, headers amqp.Table)) ReplayOption {
+	return func(c *replayConfig) { c.asIs, c.edit = true, edit }
+}
 
 // ReplayToOriginalExchange sends each message to the exchange and routing key
 // it was first published with (x-original-exchange, x-original-routingKey,
@@ -162,9 +180,18 @@ func Replay(ctx context.Context, ch *amqp.Channel, pub recoverer.Publisher, dlq 
 			cfg.report(stats)
 			continue
 		}
-		msg := originalMessage(&d, cfg.prefix)
-		if cfg.history {
-			keepHistory(&d, msg.Headers, cfg.prefix)
+		var msg amqp.Publishing
+		switch {
+		case cfg.asIs:
+			msg = asIs(&d)
+			if cfg.edit != nil {
+				cfg.edit(&d, msg.Headers)
+			}
+		default:
+			msg = originalMessage(&d, cfg.prefix)
+			if cfg.history {
+				keepHistory(&d, msg.Headers, cfg.prefix)
+			}
 		}
 		if err := pub.Publish(ctx, exchange, key, msg); err != nil {
 			_ = d.Nack(false, true) // not the message's fault: a nack (RabbitMQ 4.3 on: not counted toward a delivery limit; 4.0 and 3.10 count it)
@@ -202,6 +229,9 @@ func (c *replayConfig) destination(d *amqp.Delivery) (exchange, key string) {
 	switch {
 	case c.toQueue != "":
 		return "", c.toQueue
+	case c.toHeader != "":
+		queue, _ := d.Headers[c.toHeader].(string)
+		return "", queue
 	case c.toOriginal:
 		// The recoverer's Spring headers, else x-death's oldest entry (a
 		// dead letter the broker made).
@@ -234,6 +264,21 @@ func originalMessage(d *amqp.Delivery, prefix string) amqp.Publishing {
 	msg := amqptable.Publishing(d)
 	msg.Headers = headers
 	msg.UserId = "" // the republisher may have kept one; only its sender may set it
+	return msg
+}
+
+// asIs is d as ReplayAsIs publishes it: every header but the sender's
+// routing ones.
+func asIs(d *amqp.Delivery) amqp.Publishing {
+	headers := amqp.Table{}
+	for k, v := range d.Headers {
+		if !amqphdr.IsSenderRouting(k) {
+			headers[k] = v
+		}
+	}
+	msg := amqptable.Publishing(d)
+	msg.Headers = headers
+	msg.UserId = "" // only its sender may set it
 	return msg
 }
 
