@@ -134,7 +134,7 @@ func writeMarkdown(w io.Writer, r *Results) {
 			s.To, s.SecondsFromFirst, s.SecondsFromRun, s.HandledBeforeScale, s.BrokerConsumers)
 		var steps []HandlerStep // the same text as the slow section's, from Run here
 		for _, st := range s.HandlerTimeline {
-			steps = append(steps, HandlerStep{Seconds: st.Seconds, Handlers: st.Handlers})
+			steps = append(steps, HandlerStep(st))
 		}
 		fmt.Fprintf(w, "Most handlers at a time, as counted in the handler, from Run: %s.\n\n", stepsText(steps))
 		writeLimitGoals(w, "the scale-up", []LimitGoal{s.Goal})

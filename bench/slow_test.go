@@ -9,7 +9,7 @@ import (
 
 func TestGauge(t *testing.T) {
 	g := newGauge(3)
-	if g.enter() || g.enter() {
+	if first, second := g.enter(), g.enter(); first || second {
 		t.Fatal("reached 3 at 1 or 2 handlers")
 	}
 	g.leave()
