@@ -53,7 +53,7 @@ func (d Destination) option() (dlx.ReplayOption, error) {
 
 // Outcome is what an action did, for the page and the audit log.
 type Outcome struct {
-	Action      string // replay, delete, purge, outbox-retry
+	Action      string // replay, delete (to the archive), restore, purge, outbox-retry
 	Queue       string
 	Destination string
 	Requested   int // messages (or rows) asked for; for a purge the queue's depth when it began
@@ -75,7 +75,9 @@ func (o Outcome) Summary() string {
 	case "replay":
 		s = fmt.Sprintf("replayed %d, %d left", o.Done, max(o.Left, 0))
 	case "delete":
-		s = fmt.Sprintf("deleted %d, %d left", o.Done, max(o.Left, 0))
+		s = fmt.Sprintf("archived %d to %s, %d left", o.Done, ArchiveOf(o.Queue), max(o.Left, 0))
+	case "restore":
+		s = fmt.Sprintf("restored %d to the queue each was archived from, %d left", o.Done, max(o.Left, 0))
 	case "purge":
 		s = fmt.Sprintf("purged %d", o.Done)
 	case "outbox-retry":
@@ -96,10 +98,9 @@ func (o Outcome) Summary() string {
 	return s
 }
 
-// discard is the publisher of a delete and a purge: dlx.Replay hands it each
-// message it matched and acks that message on the queue once Publish
-// returns, so a delete takes exactly the messages a replay with the same
-// match would, and one cut off halfway leaves the rest where they were.
+// discard is the publisher of a purge: dlx.Replay hands it each message it
+// matched and acks that message on the queue once Publish returns, so one
+// cut off halfway leaves the rest where they were.
 type discard struct{}
 
 func (discard) Publish(context.Context, string, string, amqp.Publishing) error { return nil }
@@ -167,28 +168,47 @@ func (sel Selection) Digest() string {
 // dlx.Replay: each is published, confirmed, then acked on queue. Each
 // replayed message keeps its history (dlx.ReplayKeepHistory).
 func (c *Console) Replay(ctx context.Context, queue string, sel Selection, dest Destination) Outcome {
-	return c.move(ctx, "replay", queue, sel, dest)
+	return c.move(ctx, "replay", queue, sel, dest, "")
 }
 
-// Delete deletes the messages sel selects on queue, through dlx.Replay's
-// matching: each is taken and acked.
-func (c *Console) Delete(ctx context.Context, queue string, sel Selection) Outcome {
-	return c.move(ctx, "delete", queue, sel, Destination{})
+// Delete moves the messages sel selects on queue to its archive
+// (ArchiveOf), through dlx.Replay: each is published with every header,
+// stamped archived at, by who and from queue, confirmed, then acked on
+// queue, so a delete loses nothing and Restore undoes it. The archive is
+// declared first if it is not there (Config.ArchiveType). Only Purge
+// deletes for good.
+func (c *Console) Delete(ctx context.Context, queue string, sel Selection, who string) Outcome {
+	return c.move(ctx, "delete", queue, sel, Destination{Kind: "queue", Queue: ArchiveOf(queue)}, who)
 }
 
-func (c *Console) move(ctx context.Context, action, queue string, sel Selection, dest Destination) Outcome {
+// Restore moves the messages sel selects on an archive back to the queue
+// each was archived from, without the archive's headers, through
+// dlx.Replay: confirmed, then acked on the archive.
+func (c *Console) Restore(ctx context.Context, archive string, sel Selection) Outcome {
+	return c.move(ctx, "restore", archive, sel, Destination{}, "")
+}
+
+func (c *Console) move(ctx context.Context, action, queue string, sel Selection, dest Destination, who string) Outcome {
 	out := Outcome{Action: action, Queue: queue, Left: -1, Depth: -1, Time: time.Now()}
 	out.Requested = sel.Requested()
-	if action == "replay" {
+	switch action {
+	case "replay", "delete":
 		out.Destination = dest.String()
+	case "restore":
+		out.Destination = "the queue each was archived from"
 	}
 	if out.Requested == 0 {
 		out.Err = errors.New("no message selected")
 		return out
 	}
 	opts := []dlx.ReplayOption{dlx.ReplayHeaderPrefix(c.prefix), dlx.ReplayLimit(out.Requested)}
-	var pub recoverer.Publisher = discard{}
-	if action == "replay" {
+	pub, err := c.publisher()
+	if err != nil {
+		out.Err = err
+		return out
+	}
+	switch action {
+	case "replay":
 		opt, err := dest.option()
 		if err != nil {
 			out.Err = err
@@ -197,17 +217,16 @@ func (c *Console) move(ctx context.Context, action, queue string, sel Selection,
 		if opt != nil {
 			opts = append(opts, opt)
 		}
-		p, err := c.publisher()
-		if err != nil {
+		opts = append(opts, dlx.ReplayKeepHistory())
+	case "delete":
+		open := func() (*amqp.Channel, error) { ch, _, err := c.channel(ctx); return ch, err }
+		if err := DeclareArchive(open, queue, c.cfg.ArchiveType); err != nil {
 			out.Err = err
 			return out
 		}
-		pub = p
-		opts = append(opts, dlx.ReplayKeepHistory())
-	} else {
-		// The destination a discarding publisher is handed: any will do,
-		// but dlx.Replay leaves a message without one where it is.
-		opts = append(opts, dlx.ReplayTo(queue))
+		opts = append(opts, ArchiveOptions(c.prefix, queue, who, time.Now())...)
+	case "restore":
+		opts = append(opts, RestoreOptions(c.prefix)...)
 	}
 	// Which messages were matched and done: dlx.Replay calls the match,
 	// then publishes and acks (Replayed counts it) or holds the message for

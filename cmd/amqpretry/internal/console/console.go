@@ -48,6 +48,11 @@ type Config struct {
 	// HeaderPrefix is the recoverer's header prefix ("":
 	// recoverer.DefaultHeaderPrefix).
 	HeaderPrefix string
+	// ArchiveType is the type a queue's archive is declared with when a
+	// delete finds none: "classic" (""), or "quorum" for a quorum DLQ's.
+	// AMQP 0-9-1 does not tell a client a queue's type; an archive declared
+	// beforehand is used as it is.
+	ArchiveType string
 	// ReadOnly hides every action and refuses it with 403.
 	ReadOnly bool
 	// Tokens are the secrets that buy a session, by the name the audit log
@@ -455,9 +460,12 @@ func (c *Console) Queues(ctx context.Context) ([]string, error) {
 	return queues, err
 }
 
-// shown reports whether queue is one of the console's: actions on any other
-// are refused.
+// shown reports whether queue is one of the console's, or the archive of
+// one: actions on any other are refused.
 func (c *Console) shown(ctx context.Context, queue string) bool {
+	if IsArchive(queue) && c.shown(ctx, strings.TrimSuffix(queue, ArchiveSuffix)) {
+		return true
+	}
 	if slices.Contains(c.cfg.Queues, queue) {
 		return true
 	}

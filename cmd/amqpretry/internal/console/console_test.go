@@ -148,7 +148,7 @@ func TestDeleteAsksFirst(t *testing.T) {
 	_, ids := overviewGroups(t, body)
 	id := ids["customer &lt;n&gt; not found"]
 	resp, body := c.post("/act", url.Values{"q": {topo.DLQ()}, "g": {id}, "op": {"delete-group"}})
-	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "Delete 5 messages from") || !strings.Contains(body, `name="confirm" value="yes"`) {
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "Delete (archive) 5 messages from") || !strings.Contains(body, `name="confirm" value="yes"`) {
 		t.Fatalf("delete without confirm: %s\n%s", resp.Status, body)
 	}
 	if d := brokertest.Depth(t, topo.DLQ()); d != n {
@@ -160,7 +160,7 @@ func TestDeleteAsksFirst(t *testing.T) {
 		t.Fatalf("a confirmation without what it listed: %s\n%s", resp.Status, body)
 	}
 	_, body = c.post("/act", confirmation(body))
-	if !strings.Contains(body, "deleted 5, 0 left") {
+	if !strings.Contains(body, "archived 5 to ") {
 		t.Fatalf("confirmed delete:\n%s", body)
 	}
 	if d, w := brokertest.Depth(t, topo.DLQ()), brokertest.Depth(t, topo.Queue); d != n-5 || w != 0 {
@@ -302,20 +302,20 @@ func TestReplayToExchangeAndDeleteSelected(t *testing.T) {
 		t.Errorf("work queue %d, want 1", w)
 	}
 	_, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "k": {"id:tax-2", "id:hostile-1"}, "op": {"delete-selected"}})
-	if !strings.Contains(body, "Delete 2 messages from") || !strings.Contains(body, `name="k" value="id:tax-2"`) {
+	if !strings.Contains(body, "Delete (archive) 2 messages from") || !strings.Contains(body, `name="k" value="id:tax-2"`) {
 		t.Fatalf("delete of ticked messages without a confirmation:\n%s", body)
 	}
 	if d := brokertest.Depth(t, topo.DLQ()); d != n-1 {
 		t.Fatalf("the DLQ holds %d before the confirmation", d)
 	}
 	_, body = c.post("/act", confirmation(body))
-	if !strings.Contains(body, "deleted 2, 0 left") || brokertest.Depth(t, topo.DLQ()) != n-3 {
+	if !strings.Contains(body, "archived 2 to ") || brokertest.Depth(t, topo.DLQ()) != n-3 {
 		t.Errorf("confirmed delete of ticked messages:\n%s", body)
 	}
 	// A key no longer on the queue: nothing done, and said so.
 	_, body = c.post("/act", url.Values{"q": {topo.DLQ()}, "k": {"id:tax-2"}, "op": {"delete-selected"}})
 	_, body = c.post("/act", confirmation(body))
-	if !strings.Contains(body, "deleted 0, 0 left") || !strings.Contains(body, "1 no longer on the queue") {
+	if !strings.Contains(body, "archived 0 to ") || !strings.Contains(body, "0 left on") || !strings.Contains(body, "1 no longer on the queue") {
 		t.Errorf("delete of a message already gone:\n%s", body)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -218,7 +219,18 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 	if listErr != nil {
 		page.ListErr = c.redact(listErr.Error())
 	}
+	// Each queue's archive, once a delete has made one, is shown after it,
+	// with Restore where the queue has Replay.
+	var shown []string
 	for _, q := range queues {
+		shown = append(shown, q)
+		if a := ArchiveOf(q); !IsArchive(q) && !slices.Contains(queues, a) {
+			if _, err := c.Depth(ctx, a); err == nil {
+				shown = append(shown, a)
+			}
+		}
+	}
+	for _, q := range shown {
 		qv := queueView{Name: q, Depth: -1}
 		snap, err := c.Snapshot(ctx, q, false)
 		if err != nil {
@@ -429,7 +441,7 @@ func (c *Console) lookPost(w http.ResponseWriter, r *http.Request, s *session) {
 func (c *Console) act(w http.ResponseWriter, r *http.Request, s *session) {
 	q := r.PostFormValue("q")
 	op, scope, _ := strings.Cut(r.PostFormValue("op"), "-")
-	if (op != "replay" && op != "delete") || (scope != "group" && scope != "selected") {
+	if (op != "replay" && op != "delete" && op != "restore") || (scope != "group" && scope != "selected") || (op == "restore") != IsArchive(q) {
 		c.fail(w, r, s, http.StatusBadRequest, "Unknown action "+escape.Line(r.PostFormValue("op"))+".")
 		return
 	}
@@ -470,7 +482,7 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request, s *session) {
 			return
 		}
 	}
-	if op == "delete" || scope == "group" {
+	if op != "replay" || scope == "group" {
 		cv := confirmView{Op: op, Scope: scope, Queue: q, Group: group, By: by, Dest: dest, Was: -1}
 		listed, digest := r.PostFormValue("listed"), sel.Digest()
 		confirmed := r.PostFormValue("confirm") == "yes"
@@ -497,10 +509,13 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request, s *session) {
 	var out Outcome
 	actx, cancel := context.WithCancel(c.base())
 	defer cancel()
-	if op == "replay" {
+	switch op {
+	case "replay":
 		out = c.Replay(actx, q, sel, dest)
-	} else {
-		out = c.Delete(actx, q, sel)
+	case "restore":
+		out = c.Restore(actx, q, sel)
+	default:
+		out = c.Delete(actx, q, sel, s.who)
 	}
 	entry := c.entry(r, s, out)
 	entry.Messages, entry.MessagesNotListed = auditKeys(sortedKeys(sel.Keys))
@@ -512,7 +527,7 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request, s *session) {
 
 // confirmView is what a confirmation page shows.
 type confirmView struct {
-	Op    string // replay or delete
+	Op    string // replay, delete or restore
 	Scope string // group or selected
 	Queue string
 	Count int
@@ -544,10 +559,7 @@ func (c *Console) confirm(w http.ResponseWriter, r *http.Request, s *session, st
 			cv.Keys = append(cv.Keys, Ref(k))
 		}
 	}
-	title := "Confirm delete"
-	if cv.Op == "replay" {
-		title = "Confirm replay"
-	}
+	title := "Confirm " + cv.Op
 	c.render.page(w, status, "confirm", c.view(s, title, cv))
 }
 

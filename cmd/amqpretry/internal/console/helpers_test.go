@@ -35,6 +35,7 @@ func topology(t testing.TB) dlx.Topology {
 	t.Cleanup(func() {
 		brokertest.DeleteQueue(t, topo.Queue)
 		brokertest.DeleteQueue(t, topo.DLQ())
+		brokertest.DeleteQueue(t, ArchiveOf(topo.DLQ()))
 	})
 	if err := topo.Declare(brokertest.Channel(t, brokertest.Dial(t))); err != nil {
 		t.Fatal(err)

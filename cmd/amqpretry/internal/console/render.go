@@ -44,6 +44,7 @@ var funcs = template.FuncMap{
 	"lines":           block,
 	"hv":              escape.HeaderValue,
 	"cut":             cut,
+	"archive":         IsArchive,
 	"when":            when,
 	"num":             num,
 	"messagesPerPage": func() int { return messagesPerPage },
