@@ -67,6 +67,7 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	table := fs.String("table", outbox.DefaultTable, "with --dsn: the outbox table, `NAME` or SCHEMA.NAME")
 	certFile := fs.String("tls-cert", "", "serve HTTPS with this certificate `FILE` (PEM), with --tls-key")
 	keyFile := fs.String("tls-key", "", "the key `FILE` of --tls-cert (PEM)")
+	archiveType := addArchiveTypeFlag(fs)
 	positional, err := parseAll(fs, args)
 	if err != nil {
 		return err
@@ -83,7 +84,7 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if (*certFile == "") != (*keyFile == "") {
 		return usagef("--tls-cert and --tls-key go together")
 	}
-	cfg := console.Config{Queues: queues, ManagementURL: *management, Limit: *limit, HeaderPrefix: *broker.prefix,
+	cfg := console.Config{Queues: queues, ManagementURL: *management, Limit: *limit, HeaderPrefix: *broker.prefix, ArchiveType: *archiveType,
 		ReadOnly: *readOnly, Hosts: hosts, SecureCookie: *certFile != ""}
 	if *matching != "" {
 		if cfg.QueuesMatching, err = regexp.Compile(*matching); err != nil {

@@ -26,15 +26,18 @@ import (
 // The CLI's part of issue 40's incident drill: a listener fills a quorum
 // DLQ with three causes (a payment API that times out, bad JSON, blocked
 // customers); the operator runs summary, a dry run of one cause, and the
-// replay of that cause, and every message is accounted for: the replayed
-// on the work queue, the rest on the DLQ, none twice, none lost, and an
-// audit line names the replayed ones.
+// replay of that cause, the archive of another cause (dlq delete) and its
+// restore, and every message is accounted for: the replayed on the work
+// queue, the rest on the DLQ (the restored with their fault headers) or,
+// between delete and restore, in the archive, none twice, none lost, and
+// an audit line names each action's messages.
 func TestIncidentDrill(t *testing.T) {
 	const perCause = 10
 	topo := dlx.Topology{Queue: brokertest.Name(t, "payments"), Type: dlx.Quorum}
 	t.Cleanup(func() {
 		brokertest.DeleteQueue(t, topo.Queue)
 		brokertest.DeleteQueue(t, topo.DLQ())
+		brokertest.DeleteQueue(t, topo.DLQ()+".archive")
 	})
 	if err := topo.Declare(brokertest.Channel(t, brokertest.Dial(t))); err != nil {
 		t.Fatal(err)
@@ -114,12 +117,38 @@ func TestIncidentDrill(t *testing.T) {
 		t.Fatalf("replay: exit %d: %s%s", code, out, errOut)
 	}
 
+	// Blocked customers are not worth a replay: archived, then restored
+	// once someone asks for them after all.
+	archive := topo.DLQ() + ".archive"
+	code, out, errOut = amqpretry(t, "dlq", "delete", topo.DLQ(), "--match", "is blocked", "--archive-type", "quorum", "--audit", auditLog)
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("archived %d message(s)", perCause)) {
+		t.Fatalf("delete: exit %d: %s%s", code, out, errOut)
+	}
+	if w, d, a := brokertest.Depth(t, topo.Queue), brokertest.Depth(t, topo.DLQ()), brokertest.Depth(t, archive); w != perCause || d != perCause || a != perCause || w+d+a != len(all) {
+		t.Fatalf("after the delete: work %d, DLQ %d, archive %d; want %d each", w, d, a, perCause)
+	}
+	code, out, errOut = amqpretry(t, "dlq", "restore", topo.DLQ(), "--match", "blocked", "--audit", auditLog)
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("restored %d message(s)", perCause)) {
+		t.Fatalf("restore: exit %d: %s%s", code, out, errOut)
+	}
+	if a := brokertest.Depth(t, archive); a != 0 {
+		t.Errorf("the archive holds %d after the restore", a)
+	}
+
 	var back, still []string
 	for _, d := range drainQueue(t, topo.Queue) {
 		back = append(back, d.MessageId)
 	}
 	for _, d := range drainQueue(t, topo.DLQ()) {
 		still = append(still, d.MessageId)
+		if exc, _ := d.Headers[recoverer.HeaderExceptionMessage].(string); exc == "" {
+			t.Errorf("%s is back on the DLQ without its exception: %v", d.MessageId, d.Headers)
+		}
+		for k := range d.Headers {
+			if strings.Contains(k, "archived") {
+				t.Errorf("%s kept the archive's %s", d.MessageId, k)
+			}
+		}
 	}
 	for _, id := range back {
 		if !strings.HasPrefix(id, "slow-") {
@@ -132,7 +161,13 @@ func TestIncidentDrill(t *testing.T) {
 	if len(back) != perCause || !slices.Equal(got, all) {
 		t.Errorf("%d replayed, %d still dead letters; accounted for %d of %d, want each once", len(back), len(still), len(got), len(all))
 	}
-	if lines := auditLines(t, auditLog); len(lines) != 1 || len(lines[0].Messages) != perCause || lines[0].Done != perCause {
-		t.Errorf("the audit log: %+v", lines)
+	lines := auditLines(t, auditLog)
+	if len(lines) != 3 {
+		t.Fatalf("the audit log has %d lines, want replay, delete, restore: %+v", len(lines), lines)
+	}
+	for i, action := range []string{"replay", "delete", "restore"} {
+		if l := lines[i]; l.Action != action || len(l.Messages) != perCause || l.Done != perCause {
+			t.Errorf("audit line %d: %+v, want a %s of %d", i, l, action, perCause)
+		}
 	}
 }

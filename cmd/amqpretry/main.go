@@ -5,7 +5,9 @@
 //	amqpretry dlq summary QUEUE [--recent DURATION] [--json]  what failed, how many of each cause, since when
 //	amqpretry dlq show    QUEUE [--id ID | --key KEY] [--match RE] [--error-type T] one message in full, left in place
 //	amqpretry dlq replay  QUEUE [--limit N] [--match RE] [--error-type T] [--dry-run] [--to QUEUE | --to-original-exchange]
-//	amqpretry dlq purge   QUEUE --yes                       delete every ready message
+//	amqpretry dlq delete  QUEUE [--id ID] [--match RE] [--error-type T]  move dead letters to QUEUE.archive
+//	amqpretry dlq restore QUEUE [--id ID | --key KEY] [--match RE]  move archived ones back where they were deleted from
+//	amqpretry dlq purge   QUEUE --yes                       delete every ready message for good
 //
 //	amqpretry outbox list   [--failed] [--limit N] [--json] the rows, oldest first
 //	amqpretry outbox show   ID [--json]                     one row, its last error whole
@@ -177,8 +179,10 @@ stops the replay before it begins.`
 
 const dlqPurgeUsage = `amqpretry dlq purge QUEUE --yes [--audit FILE | --no-audit] [--url URL]
 
-Deletes every ready message of QUEUE; messages a consumer holds unacked
-stay with it. It appends an audit line as replay does.`
+Deletes every ready message of QUEUE for good, with nothing kept in an
+archive (amqpretry dlq delete archives instead; purge QUEUE.archive to
+empty an archive); messages a consumer holds unacked stay with it. It
+appends an audit line as replay does.`
 
 // brokerFlags are the flags of the commands that reach the broker.
 type brokerFlags struct{ url, prefix *string }
@@ -693,7 +697,7 @@ func dryRunReplay(ctx context.Context, ch *amqp.Channel, queue string, sel repla
 		return err
 	}
 	warnIf(stderr, err)
-	moving, staying, selected := sel.choose(msgs, to, toOriginal)
+	moving, staying, selected := sel.choose(msgs, func(d *amqp.Delivery) string { return replayDestination(d, to, toOriginal, sel.prefix) })
 	if selected == 0 && sel.filters() {
 		return sel.noneSelected(queue, len(msgs))
 	}
@@ -718,13 +722,13 @@ func dryRunReplay(ctx context.Context, ch *amqp.Channel, queue string, sel repla
 // choose is what replay moves of msgs, a look at the whole queue: those
 // selected with a destination, oldest failure first, at most limit; with
 // how many selected have no destination, and how many were selected.
-func (sel replaySelection) choose(msgs []amqp.Delivery, to string, toOriginal bool) (moving []amqp.Delivery, staying, selected int) {
+func (sel replaySelection) choose(msgs []amqp.Delivery, to func(*amqp.Delivery) string) (moving []amqp.Delivery, staying, selected int) {
 	for _, d := range msgs {
 		if !sel.selects(&d) {
 			continue
 		}
 		selected++
-		if replayDestination(&d, to, toOriginal, sel.prefix) == "" {
+		if to(&d) == "" {
 			staying++
 			continue
 		}
@@ -776,6 +780,34 @@ func writeMessage(w io.Writer, d *amqp.Delivery, prefix string) {
 }
 
 func replay(ctx context.Context, urls []string, queue string, sel replaySelection, to string, toOriginal bool, prefix string, log *audit.Log, stdout, stderr io.Writer) error {
+	// The copy keeps its history (how often it was replayed, what it failed
+	// with), as the console's replays do.
+	m := movement{action: "replay", done: "replayed", destination: "the queue each failed on",
+		opts: []dlx.ReplayOption{dlx.ReplayKeepHistory()},
+		to:   func(d *amqp.Delivery) string { return replayDestination(d, to, toOriginal, prefix) }}
+	switch {
+	case to != "":
+		m.opts = append(m.opts, dlx.ReplayTo(to))
+		m.destination = "queue " + to
+	case toOriginal:
+		m.opts = append(m.opts, dlx.ReplayToOriginalExchange())
+		m.destination = "the original exchange and routing key"
+	}
+	return move(ctx, urls, queue, sel, m, prefix, log, stdout, stderr)
+}
+
+// movement is what move does with the messages it takes: replay them,
+// archive them (dlq delete) or restore them from an archive.
+type movement struct {
+	action, done string // for the audit line and the output: "replay", "replayed"
+	destination  string // for the audit line
+	opts         []dlx.ReplayOption
+	to           func(*amqp.Delivery) string // where a message goes, as dlx.Replay will choose; "" nowhere
+}
+
+// move moves the messages of queue that sel selects through dlx.Replay,
+// each confirmed before it is acked, and writes the audit line.
+func move(ctx context.Context, urls []string, queue string, sel replaySelection, m movement, prefix string, log *audit.Log, stdout, stderr io.Writer) error {
 	// The publisher's own story (connected, reconnecting) is not the
 	// operator's: only its warnings and errors show.
 	quiet := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -784,9 +816,7 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 		return err
 	}
 	defer pub.Close()
-	// The copy keeps its history (how often it was replayed, what it failed
-	// with), as the console's replays do.
-	opts := []dlx.ReplayOption{dlx.ReplayLimit(sel.limit), dlx.ReplayHeaderPrefix(prefix), dlx.ReplayKeepHistory()}
+	opts := append([]dlx.ReplayOption{dlx.ReplayLimit(sel.limit), dlx.ReplayHeaderPrefix(prefix)}, m.opts...)
 	// With a limit, the oldest failures go: a look finds their keys, since
 	// a quorum queue's head is whatever the last look left there.
 	var quota map[string]int
@@ -797,7 +827,7 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 				return err
 			}
 			warnIf(stderr, err)
-			moving, _, _ := sel.choose(msgs, to, toOriginal)
+			moving, _, _ := sel.choose(msgs, m.to)
 			quota = make(map[string]int, len(moving))
 			for i := range moving {
 				quota[console.Key(&moving[i])]++
@@ -825,25 +855,17 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 			}
 			quota[k]--
 		}
-		if replayDestination(d, to, toOriginal, prefix) != "" {
+		if m.to(d) != "" {
 			keys = append(keys, console.Key(d))
 		}
 		return true
 	}))
-	entry := console.AuditEntry{Action: "replay", Queue: queue, Destination: "the queue each failed on"}
-	switch {
-	case to != "":
-		opts = append(opts, dlx.ReplayTo(to))
-		entry.Destination = "queue " + to
-	case toOriginal:
-		opts = append(opts, dlx.ReplayToOriginalExchange())
-		entry.Destination = "the original exchange and routing key"
-	}
+	entry := console.AuditEntry{Action: m.action, Queue: queue, Destination: m.destination}
 	last := time.Now()
 	opts = append(opts, dlx.ReplayProgress(func(s dlx.ReplayStats) {
 		if time.Since(last) >= time.Second {
 			last = time.Now()
-			fmt.Fprintf(stderr, "… %d replayed, %d skipped, %d looked at\n", s.Replayed, s.Skipped, s.Scanned)
+			fmt.Fprintf(stderr, "… %d %s, %d skipped, %d looked at\n", s.Replayed, m.done, s.Skipped, s.Scanned)
 		}
 	}))
 	// A queue that is not there is an error, before anything is said of
@@ -855,14 +877,14 @@ func replay(ctx context.Context, urls []string, queue string, sel replaySelectio
 	})
 	entry.Messages, entry.Requested, entry.Done, entry.Depth = keys, len(keys), res.Replayed, res.Left
 	entry.Left = len(keys) - res.Replayed
-	entry.Outcome, entry.Summary = "ok", fmt.Sprintf("replayed %d, %d left", res.Replayed, entry.Left)
+	entry.Outcome, entry.Summary = "ok", fmt.Sprintf("%s %d, %d left", m.done, res.Replayed, entry.Left)
 	if err != nil {
 		entry.Outcome, entry.Error = "failed", err.Error()
 	}
 	if res.Scanned == 0 && err != nil {
 		return errors.Join(err, log.Record(entry))
 	}
-	fmt.Fprintf(stdout, "replayed %d message(s) from %s", res.Replayed, queue)
+	fmt.Fprintf(stdout, "%s %d message(s) from %s", m.done, res.Replayed, queue)
 	if n := res.Skipped - res.Unreadable; n > 0 {
 		fmt.Fprintf(stdout, "; %d looked at and left there (not matching or without a destination)", n)
 	}
