@@ -101,6 +101,7 @@ func deadLetters(t *testing.T) (dlx.Topology, *app) {
 	t.Cleanup(func() {
 		brokertest.DeleteQueue(t, topo.Queue)
 		brokertest.DeleteQueue(t, topo.DLQ())
+		brokertest.DeleteQueue(t, topo.DLQ()+".archive")
 	})
 	if err := topo.Declare(brokertest.Channel(t, brokertest.Dial(t))); err != nil {
 		t.Fatal(err)
@@ -395,7 +396,8 @@ func TestBrowserGroupsAndReplay(t *testing.T) {
 	}
 }
 
-// A delete shows what it would take and does it only when confirmed; a
+// A delete shows what it would take and does it only when confirmed,
+// moving the messages to the DLQ's archive, whose page restores them; a
 // purge does nothing unless the queue's name is typed.
 func TestBrowserDeleteAndPurgeAskFirst(t *testing.T) {
 	needBrowser(t)
@@ -405,7 +407,7 @@ func TestBrowserDeleteAndPurgeAskFirst(t *testing.T) {
 
 	follow(t, ctx, `#delete-group`, groupLink("tax"))
 	follow(t, ctx, `#confirm-delete`, chromedp.Click(`#delete-group`, chromedp.ByQuery))
-	if h := text(t, ctx, "h1"); h != "Delete 3 messages from "+topo.DLQ()+"?" {
+	if h := text(t, ctx, "h1"); h != "Delete (archive) 3 messages from "+topo.DLQ()+"?" {
 		t.Errorf("the confirmation asks %q", h)
 	}
 	shot(t, ctx, "confirm-delete")
@@ -419,11 +421,27 @@ func TestBrowserDeleteAndPurgeAskFirst(t *testing.T) {
 	follow(t, ctx, `#delete-group`, groupLink("tax"))
 	follow(t, ctx, `#confirm-delete`, chromedp.Click(`#delete-group`, chromedp.ByQuery))
 	follow(t, ctx, `#summary`, chromedp.Click(`#confirm-delete`, chromedp.ByQuery))
-	if s := text(t, ctx, "#summary"); !strings.Contains(s, "deleted 3, 0 left") {
+	if s := text(t, ctx, "#summary"); !strings.Contains(s, "archived 3 to "+topo.DLQ()+".archive, 0 left") {
 		t.Errorf("the result says %q", s)
 	}
-	if d, w := brokertest.Depth(t, topo.DLQ()), brokertest.Depth(t, topo.Queue); d != 7 || w != 0 {
-		t.Fatalf("DLQ %d, work %d after the delete: want 7 and 0", d, w)
+	archive := topo.DLQ() + ".archive"
+	if d, w, a := brokertest.Depth(t, topo.DLQ()), brokertest.Depth(t, topo.Queue), brokertest.Depth(t, archive); d != 7 || w != 0 || a != 3 {
+		t.Fatalf("DLQ %d, work %d, archive %d after the delete: want 7, 0 and 3", d, w, a)
+	}
+
+	// The archive shows on the overview; its group's page restores.
+	run(t, ctx, chromedp.Navigate(c.base))
+	follow(t, ctx, `#restore-group`, groupLink("tax"))
+	follow(t, ctx, `#confirm-restore`, chromedp.Click(`#restore-group`, chromedp.ByQuery))
+	if h := text(t, ctx, "h1"); h != "Restore 3 messages from "+archive+"?" {
+		t.Errorf("the restore's confirmation asks %q", h)
+	}
+	follow(t, ctx, `#summary`, chromedp.Click(`#confirm-restore`, chromedp.ByQuery))
+	if s := text(t, ctx, "#summary"); !strings.Contains(s, "restored 3") {
+		t.Errorf("the restore says %q", s)
+	}
+	if d, a := brokertest.Depth(t, topo.DLQ()), brokertest.Depth(t, archive); d != 10 || a != 0 {
+		t.Fatalf("DLQ %d, archive %d after the restore: want 10 and 0", d, a)
 	}
 
 	// Purge: the name typed wrong, then right.
@@ -441,11 +459,11 @@ func TestBrowserDeleteAndPurgeAskFirst(t *testing.T) {
 	if p := text(t, ctx, "#problem"); !strings.Contains(p, "Nothing was purged") {
 		t.Errorf("a purge with the wrong name says %q", p)
 	}
-	if d := brokertest.Depth(t, topo.DLQ()); d != 7 {
+	if d := brokertest.Depth(t, topo.DLQ()); d != 10 {
 		t.Fatalf("the DLQ holds %d after a purge with the wrong name", d)
 	}
 	purge(topo.DLQ())
-	if s := text(t, ctx, "#summary"); !strings.Contains(s, "purged 7") {
+	if s := text(t, ctx, "#summary"); !strings.Contains(s, "purged 10") {
 		t.Errorf("the purge says %q", s)
 	}
 	if d := brokertest.Depth(t, topo.DLQ()); d != 0 {
