@@ -1,6 +1,8 @@
 // Package console serves `amqpretry console`: a web page over one or more
 // dead-letter queues that groups their dead letters by cause, shows each in
-// full, and replays or deletes them through dlx.Replay.
+// full, and replays them, deletes them to the queue's archive
+// (QUEUE.archive, from which the archive's pages restore them) or purges a
+// queue for good, through dlx.Replay.
 //
 // Looking never harms: a look takes a bounded snapshot with basic.get and
 // hands every message back with basic.nack(requeue) at once, within the one
