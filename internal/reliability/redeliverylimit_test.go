@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -281,16 +282,24 @@ func runPoisonChild(t *testing.T, spec string) {
 	var out sync.Mutex // one line at a time on stdout
 	var l *listener.Listener
 	chain := middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(time.Millisecond)), middleware.Recover(recoverer.Republish(pub, "", dlq)))
+	var poisoned atomic.Bool
 	handle := func(_ context.Context, d *amqp.Delivery) error {
 		if d.MessageId == poisonID {
 			// The first time, die with deliveries in flight beside it, as
-			// a busy consumer would: those the broker has sent since. (On
-			// a careful restart, at prefetch 1, none come.)
-			for deadline := time.Now().Add(5 * time.Second); !d.Redelivered && l.Stats().InFlight < 10 && time.Now().Before(deadline); {
-				time.Sleep(10 * time.Millisecond)
+			// a busy consumer would: those the broker has sent since, which
+			// the handlers beside it, slow from now on, have not got to (a
+			// handler that hangs no longer stops its channel: the others
+			// run on in the pool's other slots). On a careful restart, at
+			// prefetch 1, none come.
+			if !d.Redelivered {
+				poisoned.Store(true)
+				time.Sleep(500 * time.Millisecond)
 			}
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {} // the signal is on its way
+		}
+		if poisoned.Load() {
+			time.Sleep(100 * time.Millisecond)
 		}
 		again := ""
 		if d.Redelivered {
