@@ -59,12 +59,17 @@ type consumer struct {
 	parked         parkedList               // those waiting between attempts, oldest first
 	prefetchWarned bool                     // watchAges's: the prefetch warning was given
 
-	inFlight   atomic.Int64
-	waiting    atomic.Int64 // deliveries whose handler waits for a slot of the pool
-	running    atomic.Int64 // deliveries in running calls: 1 each, or a batch's
-	busyNanos  atomic.Int64 // handler time of finished calls
-	calls      atomic.Uint64
-	lastActive atomic.Int64 // monotime of the last finished call
+	inFlight atomic.Int64
+	waiting  atomic.Int64 // deliveries whose handler waits for a slot of the pool
+	running  atomic.Int64 // deliveries in running calls: 1 each, or a batch's
+	slots    holder       // the pool's slots its calls hold (pool.go)
+	// firstAdmit, lastAdmit: monotimes of its first and latest delivery
+	// taken in, kept only until the listener knows its queue serves
+	// several channels at once (seeSideBySide).
+	firstAdmit, lastAdmit atomic.Int64
+	busyNanos             atomic.Int64 // handler time of finished calls
+	calls                 atomic.Uint64
+	lastActive            atomic.Int64 // monotime of the last finished call
 
 	sampledCalls uint64 // the scaler's previous look at calls
 }
@@ -150,6 +155,8 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 		defer sv.consumers.Done()
 		select {
 		case err := <-closes:
+			cancel()
+			l.pool.forgive(&c.slots)
 			if IsConsumerTimeout(err) {
 				l.tellConsumerTimeout(c, err)
 			}
@@ -165,6 +172,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 			c.brokerCancelled.Store(true)
 			c.acks.abandon() // the acks that wait are not written
 			cancel()
+			l.pool.forgive(&c.slots)
 			if l.queueExists(conn) {
 				l.tellConsumerCancelled(c)
 			} else {

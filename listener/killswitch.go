@@ -207,6 +207,7 @@ func (l *Listener) stopAllConsumers() {
 	for _, c := range all {
 		c.interruptWaits()
 		c.stop()
+		l.pool.forgive(&c.slots) // the probe must not wait for a handler that hangs
 	}
 }
 

@@ -119,6 +119,9 @@ func (c *consumer) admit(d *amqp.Delivery) *delivery {
 		return nil
 	}
 	if l := c.sv.l; !l.parallel.Load() && !l.keepsOrder() {
+		now := monotime()
+		c.firstAdmit.CompareAndSwap(0, now)
+		c.lastAdmit.Store(now)
 		l.seeSideBySide(c)
 	}
 	if c.careful && !d.Redelivered {
@@ -208,16 +211,19 @@ func (c *consumer) enter(ctx context.Context, n int) (start int64, err error) {
 	if err := pool.enter(ctx, c.interrupt, &c.waiting); err != nil {
 		return 0, err
 	}
+	if !pool.hold(&c.slots) {
+		return 0, errChannelGone // its slots were forgiven: the channel is gone
+	}
 	select {
 	case <-c.interrupt: // shutdown (or a trip) began while we waited: no new attempt starts
-		pool.release()
+		pool.leave(&c.slots)
 		return 0, &middleware.InterruptedError{Attempt: middleware.Attempt(ctx), Reason: errShuttingDown}
 	default:
 	}
 	if err := ctx.Err(); err != nil {
 		// Its context ended while it waited (its channel died, a Timeout's
 		// deadline passed): the handler would only find it so.
-		pool.release()
+		pool.leave(&c.slots)
 		return 0, err
 	}
 	start = monotime()
@@ -235,10 +241,13 @@ func (c *consumer) leave(start int64, n int, returned bool) {
 		c.lastActive.Store(end)
 	}
 	c.running.Add(-int64(n))
-	c.sv.l.pool.leave()
+	c.sv.l.pool.leave(&c.slots)
 }
 
-var errShuttingDown = errors.New("shutting down before the handler ran")
+var (
+	errShuttingDown = errors.New("shutting down before the handler ran")
+	errChannelGone  = errors.New("its channel is gone: the broker redelivers it")
+)
 
 // settle settles dd once its chain has returned err, on the channel it came
 // from, and counts, logs and telemeters the end: an interruption is

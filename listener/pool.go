@@ -44,6 +44,13 @@ type workers struct {
 	fullAt atomic.Int64
 }
 
+// holder is what one consumer's calls hold of the pool: how many slots,
+// and whether the pool has forgiven them (forgive). Under the pool's mu.
+type holder struct {
+	n        int32
+	forgiven bool
+}
+
 func newWorkers(floor, max int) *workers {
 	w := &workers{tokens: make(chan struct{}, max), floor: int32(floor), max: int32(max)}
 	w.ceiling.Store(1)
@@ -58,10 +65,18 @@ func (w *workers) parallel() bool { return w.ceiling.Load() > 1 }
 // setCeiling caps the limit at n (1 to max): lowering it takes slots out
 // (those in use as their calls end); raising it from 1 brings the limit to
 // the concurrent count.
-func (w *workers) setCeiling(n int) {
+func (w *workers) setCeiling(n int) { w.setCeilingUnless(n, nil) }
+
+// setCeilingUnless is setCeiling, unless not() holds, asked under the
+// pool's lock, so that a ceiling raised from a reader's goroutine cannot
+// undo one the scaler lowered meanwhile.
+func (w *workers) setCeilingUnless(n int, not func() bool) {
 	n32 := min(max(int32(n), 1), w.max)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if not != nil && not() {
+		return
+	}
 	if w.ceiling.Swap(n32) == n32 {
 		return
 	}
@@ -154,24 +169,59 @@ func (w *workers) wait(ctx context.Context, interrupt <-chan struct{}, waitingHe
 	}
 }
 
-// leave frees the slot of a call enter let in.
-func (w *workers) leave() {
+// hold counts, for h, the slot enter just took; if h's calls have been
+// forgiven it gives the slot back and reports false.
+func (w *workers) hold(h *holder) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if h.forgiven {
+		w.free()
+		return false
+	}
+	h.n++
+	return true
+}
+
+// leave frees the slot of a call of h's that hold counted, unless the pool
+// has forgiven h's calls already.
+func (w *workers) leave(h *holder) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h.n--
+	if !h.forgiven {
+		w.free()
+	}
+}
+
+// forgive frees at once the slots h's running calls hold, which then give
+// nothing back as they end: their consumer's channel is gone (or the kill
+// switch stopped it), and a handler that does not return must not keep a
+// probe, a careful start or the next consumer of an ordered queue waiting
+// for a slot. Those handlers run on beside the new ones.
+func (w *workers) forgive(h *holder) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if h.forgiven {
+		return
+	}
+	h.forgiven = true
+	for range h.n {
+		w.free()
+	}
+}
+
+// free returns a slot to the pool, or takes it out if the limit was
+// lowered while it was in use. Under mu, as resize is: a free racing a
+// resize could otherwise leave more slots owed than are in use, and let
+// more calls run than the limit.
+func (w *workers) free() {
 	w.busy.Add(-1)
-	for {
-		o := w.owed.Load()
-		if o == 0 {
-			break
-		}
-		if w.owed.CompareAndSwap(o, o-1) {
-			return // the slot leaves the pool
-		}
+	if o := w.owed.Load(); o > 0 {
+		w.owed.Store(o - 1) // the slot leaves the pool
+		return
 	}
 	w.tokens <- struct{}{}
 }
-
-// release gives back a slot taken by enter without a call (shutdown began
-// while it waited).
-func (w *workers) release() { w.leave() }
 
 // look returns, for the scaler, the most calls that ran at once since its
 // last look (starting the next window at the calls running now) and when a

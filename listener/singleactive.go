@@ -129,19 +129,25 @@ func (s *session) starvedConsumer(mono int64) *consumer {
 }
 
 // seeSideBySide notes, as c takes in a delivery, whether another channel
-// of the listener holds one at the same moment, open and not stopping:
+// of the listener, open and not stopping, has taken one in since c's first:
 // the queue serves them side by side, which a single-active queue never
-// does (it delivers to its active consumer only, and to the next once that
-// one is gone, with what it held returned). Then the pool may run handlers
-// side by side at once, rather than at the scaler's next look
-// (seeParallel). It runs only until the listener knows.
+// does. It delivers to its active consumer only, and to the next once that
+// one is gone (cancelled, its channel closed), and the one gone takes in
+// nothing after that: its reader is in the handler that outlived the
+// consumer timeout, or the channel is closed. (Holding a delivery at the
+// same moment would not do: the one gone may still run a handler when the
+// next gets its first, and be told of its cancel on another goroutine a
+// moment later.) Then the pool may run handlers side by side at once,
+// rather than at the scaler's next look (seeParallel). It runs only until
+// the listener knows.
 func (l *Listener) seeSideBySide(c *consumer) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	first := c.firstAdmit.Load()
 	for o := range l.consumers {
-		if o != c && o.inFlight.Load() > 0 && !o.stopping.Load() && !o.brokerCancelled.Load() && !o.ch.IsClosed() {
-			if l.parallel.CompareAndSwap(false, true) && l.singleActive.Load() == singleActiveUnknown {
-				l.pool.setCeiling(l.cfg.max)
+		if o != c && o.lastAdmit.Load() > first && !o.stopping.Load() && !o.brokerCancelled.Load() && !o.ch.IsClosed() {
+			if l.parallel.CompareAndSwap(false, true) {
+				l.pool.setCeilingUnless(l.cfg.max, l.keepsOrder)
 			}
 			return
 		}
@@ -161,7 +167,10 @@ func (s *session) seeParallel() {
 	}
 	oldest := true
 	for _, c := range s.active {
-		if !c.consuming.Load() || c.stopping.Load() {
+		if !c.consuming.Load() || c.stopping.Load() || c.brokerCancelled.Load() || c.ch.IsClosed() {
+			// (A consumer the broker cancelled, or whose channel closed, is
+			// gone for the queue, though its reader may still be in a
+			// handler: on a single-active queue the next one is active now.)
 			continue
 		}
 		if !oldest && (c.calls.Load() != 0 || c.inFlight.Load() != 0) {
