@@ -192,13 +192,7 @@ func writeComparison(w io.Writer, c *Comparison) {
 		fmt.Fprintln(w, "\nCPU is the client's (this process). Broker CPU is the broker's process over the same span, on the same cores; it includes whatever else the broker did meanwhile.")
 	}
 	fmt.Fprintln(w)
-	if len(c.Order) > 1 {
-		var rounds []string
-		for _, names := range c.Order {
-			rounds = append(rounds, strings.Join(names, ", "))
-		}
-		fmt.Fprintf(w, "Order per round: %s.\n\n", strings.Join(rounds, "; "))
-	}
+	writeOrder(w, c.Order)
 	for _, v := range c.Variants {
 		fmt.Fprintf(w, "- **%s**: %s\n", v.Name, v.About)
 	}
@@ -480,4 +474,17 @@ func writeBatch(w io.Writer, b *BatchResult, set Settings) {
 		b.WaitMS, max(1, c.Messages/perMessageShare))
 	writeComparison(w, c)
 	writeGoals(w, "issue 28", b.Goals)
+}
+
+// writeOrder prints the order the variants ran in, round by round, when
+// there was more than one round.
+func writeOrder(w io.Writer, order [][]string) {
+	if len(order) <= 1 {
+		return
+	}
+	var rounds []string
+	for _, names := range order {
+		rounds = append(rounds, strings.Join(names, ", "))
+	}
+	fmt.Fprintf(w, "Order per round: %s.\n\n", strings.Join(rounds, "; "))
 }

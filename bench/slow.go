@@ -509,13 +509,7 @@ func writeSlow(w io.Writer, r *SlowResult) {
 		}
 	}
 	fmt.Fprintln(w)
-	if len(r.Order) > 1 {
-		var rounds []string
-		for _, names := range r.Order {
-			rounds = append(rounds, strings.Join(names, ", "))
-		}
-		fmt.Fprintf(w, "Order per round: %s.\n\n", strings.Join(rounds, "; "))
-	}
+	writeOrder(w, r.Order)
 	for _, v := range r.Variants {
 		fmt.Fprintf(w, "- **%s**: %s\n", v.Name, v.About)
 	}
