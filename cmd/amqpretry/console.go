@@ -41,8 +41,8 @@ exchange or another queue, delete them, or purge a queue (typing its name);
 each through dlx.Replay, confirmed before it leaves the DLQ. With --dsn it
 shows the outbox's failed rows too, with their retry.
 
-A look takes at most --limit messages with basic.get and hands each back at
-once with basic.nack(requeue). The page listens on 127.0.0.1:8080 and needs
+A look reads at most --limit messages with a consumer and hands them all
+back at once with one basic.nack(multiple, requeue). The page listens on 127.0.0.1:8080 and needs
 a token: a random one is printed at start, with the address that signs in
 with it; a --listen beyond this machine needs --tokens. Every action is a
 line of --audit-log. docs/console.md tells the rest.`

@@ -427,8 +427,8 @@ func withChannel(urls []string, f func(*amqp.Channel) error) error {
 }
 
 // Looking at a DLQ and reading its fault headers is shared with the console
-// (package deadletter): look takes a snapshot and hands every message back
-// with basic.nack(requeue), waiting until the queue has them again before
+// (package deadletter): look takes a snapshot with a consumer and hands
+// every message back with one basic.nack(multiple, requeue), waiting until the queue has them again before
 // the channel may close, header reads a header as raw text
 // (for matching; print it with shownHeader), originalKey is the routing key
 // a dead letter was first published with.

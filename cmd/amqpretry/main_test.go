@@ -251,9 +251,11 @@ func TestInspectingHandsBackWithNacks(t *testing.T) {
 	if code := run(context.Background(), []string{"dlq", "show", "--id", "order-1", topo.DLQ(), "--url", url}, &stdout, &stderr); code != 0 {
 		t.Fatalf("show: exit %d: %s", code, stderr.String())
 	}
-	brokertest.Eventually(t, 5*time.Second, "the frames through the proxy", func() bool { return proxy.Sent("basic.nack")+proxy.Sent("basic.reject") >= 5 })
-	if nacks, rejects := proxy.Sent("basic.nack"), proxy.Sent("basic.reject"); nacks != 3+2 || rejects != 0 {
-		t.Errorf("%d nacks and %d rejects; want 5 nacks (3 listed, 2 looked at to show one)", nacks, rejects)
+	// A look hands back with one nack (multiple) on its last delivery; show
+	// stops at order-1 and hands back order-2, on its way, with one more.
+	brokertest.Eventually(t, 5*time.Second, "the frames through the proxy", func() bool { return proxy.Sent("basic.nack")+proxy.Sent("basic.reject") >= 2 })
+	if nacks, rejects, acks := proxy.Sent("basic.nack"), proxy.Sent("basic.reject"), proxy.Sent("basic.ack"); nacks < 2 || nacks > 3 || rejects != 0 || acks != 0 {
+		t.Errorf("%d nacks, %d rejects and %d acks; want 2 or 3 nacks (one a look, one for a message on its way when show stopped)", nacks, rejects, acks)
 	}
 	if n := brokertest.Depth(t, topo.DLQ()); n != 3 {
 		t.Errorf("DLQ holds %d, want all 3 back", n)

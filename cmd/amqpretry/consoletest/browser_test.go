@@ -615,3 +615,64 @@ func hostileTextInert(t *testing.T, topo dlx.Topology) {
 	}
 	shot(t, ctx, "hostile-message")
 }
+
+// deadLetter is a dead letter as the recoverer writes it onto a DLQ of a
+// work queue: its fault headers, failed at at.
+func deadLetter(work, id, exception string, at time.Time) amqp.Publishing {
+	return amqp.Publishing{MessageId: id, ContentType: "application/json", DeliveryMode: amqp.Persistent,
+		Body: []byte(fmt.Sprintf(`{"id":%q}`, id)),
+		Headers: amqp.Table{
+			recoverer.HeaderExceptionMessage:                              exception,
+			recoverer.DefaultHeaderPrefix + recoverer.SuffixOriginalQueue: work,
+			recoverer.DefaultHeaderPrefix + recoverer.SuffixErrorType:     "*errors.errorString",
+			recoverer.DefaultHeaderPrefix + recoverer.SuffixFailedAt:      at.UTC().Format(time.RFC3339Nano),
+		}}
+}
+
+// dlqOf declares a durable DLQ of its own, deleted (with its archive) when
+// the test ends, and returns its name and its work queue's.
+func dlqOf(t *testing.T) (dlq, work string) {
+	t.Helper()
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	work = "orders-" + hex.EncodeToString(b[:])
+	dlq = work + ".dlq"
+	brokertest.Queue(t, dlq, nil)
+	t.Cleanup(func() { brokertest.DeleteQueue(t, dlq+".archive") })
+	return dlq, work
+}
+
+// A look at a DLQ of thousands reads all of them (a consumer, one nack
+// back), shows them grouped, and leaves every one on the queue, look after
+// look.
+func TestBrowserLooksAtThousands(t *testing.T) {
+	needBrowser(t)
+	const n = 3000
+	dlq, work := dlqOf(t)
+	now := time.Now()
+	msgs := make([]amqp.Publishing, n)
+	for i := range msgs {
+		msgs[i] = deadLetter(work, fmt.Sprintf("order-%d", i), fmt.Sprintf("customer %d not found", i), now.Add(-time.Duration(i)*time.Second))
+	}
+	brokertest.Publish(t, dlq, msgs...)
+	c := startConsole(t, dlq)
+	ctx := signedIn(t, c)
+	before := ""
+	for look := range 3 {
+		s := text(t, ctx, "p.snapinfo")
+		if !strings.Contains(s, "3,000 of 3,000 messages") {
+			t.Errorf("look %d: the snapshot line says %q", look, s)
+		}
+		if s == before {
+			t.Errorf("look %d: Look again took no new snapshot: %q", look, s)
+		}
+		before = s
+		if got := groups(t, ctx); got["customer <n> not found"] != "3,000" {
+			t.Errorf("look %d: groups %v", look, got)
+		}
+		if d := brokertest.Depth(t, dlq); d != n {
+			t.Fatalf("look %d: the DLQ holds %d, want %d", look, d, n)
+		}
+		follow(t, ctx, `p.snapinfo`, chromedp.Click(`form[action="/look"] button`, chromedp.ByQuery))
+	}
+}

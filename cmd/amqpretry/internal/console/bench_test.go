@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/amqpretry/amqpretry/dlx"
 	"github.com/amqpretry/amqpretry/internal/brokertest"
 	"github.com/amqpretry/amqpretry/middleware"
@@ -41,8 +43,9 @@ func benchQueue(b *testing.B) dlx.Topology {
 }
 
 // BenchmarkSnapshotAndGroup is one look at a DLQ of 10,000 dead letters
-// (basic.get each, basic.nack each back) and their grouping by cause: what
-// the overview costs.
+// (a consumer with a prefetch of 10,000, one basic.nack(multiple) back, a
+// wait until the queue shows them ready again) and their grouping by cause:
+// what the overview costs. BenchmarkRawConsumeNack is its baseline.
 func BenchmarkSnapshotAndGroup(b *testing.B) {
 	topo := benchQueue(b)
 	s := serve(b, Config{Queues: []string{topo.DLQ()}})
@@ -63,8 +66,55 @@ func BenchmarkSnapshotAndGroup(b *testing.B) {
 	b.ReportMetric(float64(benchDeadLetters*b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
 
-// BenchmarkRawGetNack is the same look with amqp091-go alone (basic.get
-// each, basic.nack each), the baseline of BenchmarkSnapshotAndGroup.
+// BenchmarkRawConsumeNack is the same look with amqp091-go alone: a
+// consumer with a prefetch of 10,000, cancelled once it has them all, one
+// basic.nack(multiple, requeue) on the last tag, and passive declares until
+// the queue shows them ready again; the baseline of
+// BenchmarkSnapshotAndGroup.
+func BenchmarkRawConsumeNack(b *testing.B) {
+	topo := benchQueue(b)
+	ch := brokertest.Channel(b, brokertest.Dial(b))
+	if err := ch.Qos(benchDeadLetters, 0, false); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		tag := fmt.Sprintf("raw-%d", i)
+		deliveries, err := ch.Consume(topo.DLQ(), tag, false, false, false, false, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var last amqp.Delivery
+		for range benchDeadLetters {
+			d, ok := <-deliveries
+			if !ok {
+				b.Fatal("the channel closed")
+			}
+			last = d
+		}
+		if err := ch.Cancel(tag, false); err != nil {
+			b.Fatal(err)
+		}
+		for range deliveries {
+		}
+		if err := last.Nack(true, true); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			q, err := ch.QueueDeclarePassive(topo.DLQ(), true, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if q.Messages == benchDeadLetters {
+				break
+			}
+		}
+	}
+	b.ReportMetric(float64(benchDeadLetters*b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// BenchmarkRawGetNack is a look as the console took it before it read with
+// a consumer, with amqp091-go alone: basic.get each, basic.nack each.
 func BenchmarkRawGetNack(b *testing.B) {
 	topo := benchQueue(b)
 	ch := brokertest.Channel(b, brokertest.Dial(b))

@@ -4,9 +4,10 @@
 // (QUEUE.archive, from which the archive's pages restore them) or purges a
 // queue for good, through dlx.Replay.
 //
-// Looking never harms: a look takes a bounded snapshot with basic.get and
-// hands every message back with basic.nack(requeue) at once, within the one
-// request that asked for it (package deadletter, shared with the CLI's dlq
+// Looking never harms: a look takes a bounded snapshot with a consumer
+// (prefetch bounded by the limit) and hands every message back with one
+// basic.nack(multiple, requeue) at once, within the one request that asked
+// for it (package deadletter, shared with the CLI's dlq
 // commands); one look or action runs per queue at a time. Actions name
 // messages by Key (message id, else a fingerprint), so they act on the
 // messages shown even if the queue moved on, and go through dlx.Replay's

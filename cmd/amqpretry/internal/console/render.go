@@ -185,14 +185,15 @@ func CostNote(s *Snapshot) string {
 	var note string
 	switch {
 	case v.AtLeast(4, 3):
-		note = fmt.Sprintf("RabbitMQ %s does not count a look (basic.get, then basic.nack with requeue at once) toward a quorum queue's delivery limit, "+
-			"so looking costs nothing; only a look cut off (the console killed, the connection lost) hands the messages back in a way that counts.", v)
+		note = fmt.Sprintf("RabbitMQ %s does not count a look (a consumer's deliveries handed back at once with one basic.nack, requeue) toward a quorum queue's delivery limit, "+
+			"so looking costs nothing but the redelivered mark; only a look cut off (the console killed, the connection lost) hands the messages back in a way that counts, "+
+			"once for each message the broker had sent it (up to --limit).", v)
 	case v.AtLeast(4, 0):
-		note = fmt.Sprintf("On RabbitMQ %s each look (basic.get, then basic.nack with requeue at once) counts once toward a quorum queue's delivery limit "+
+		note = fmt.Sprintf("On RabbitMQ %s each look (a consumer's deliveries handed back at once with basic.nack, requeue) counts once toward a quorum queue's delivery limit "+
 			"(x-delivery-limit: 20 unless the queue sets one; a dlx.Topology DLQ sets 2,147,483,647): a message looked at past its limit is dropped or dead-lettered. "+
 			"Classic queues count nothing; RabbitMQ 4.3 no longer counts a look.", v)
 	case v.Known:
-		note = fmt.Sprintf("On RabbitMQ %s a look (basic.get, then basic.nack with requeue at once) marks each message redelivered; a quorum queue counts it in "+
+		note = fmt.Sprintf("On RabbitMQ %s a look (a consumer's deliveries handed back at once with basic.nack, requeue) marks each message redelivered; a quorum queue counts it in "+
 			"x-delivery-count and, if the queue sets x-delivery-limit, drops or dead-letters a message past that limit. Classic queues count nothing.", v)
 	default:
 		note = "The broker did not say its version: on RabbitMQ 4.0 to 4.2 each look counts toward a quorum queue's delivery limit; from 4.3 it does not."

@@ -2,7 +2,9 @@ package deadletter
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
+	"math"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -26,18 +28,21 @@ func Look(ctx context.Context, ch *amqp.Channel, queue string, limit int, stop f
 	return msgs, Return(ctx, ch, queue, msgs)
 }
 
-// Return hands msgs, taken on ch from queue, back with basic.nack(requeue)
-// and waits until queue shows them ready again, so that the caller can close
-// the channel. Closing it at once loses the race: the broker applies the
-// nacks of a quorum queue after it has seen the channel close and returns
-// the messages as if the look had been cut off. RabbitMQ 4.3 counts such a
-// return toward the delivery limit where it does not count the nack
-// (measured on 4.3.6, 20 looks at 200 dead letters: with individual nacks
-// and the channel closed at once, 167 had x-delivery-count 14 to 17; with a
-// passive declare between them 6 to 12; with one multiple nack 19 or 20;
-// waiting for the depth, 0). RabbitMQ 3.10 and 4.0 count every hand-back,
-// nack included, once per look, whatever the order (4.0's default limit of
-// 20 drops a dead letter at its 21st look; see dlx.Topology.DLQArguments).
+// Return hands msgs, taken on ch from queue, back with one
+// basic.nack(multiple, requeue) (HandBack) and waits until queue shows them
+// ready again, so that the caller can close the channel. Closing it at once
+// loses the race: the broker applies the nacks of a quorum queue after it
+// has seen the channel close and returns the messages as if the look had
+// been cut off. RabbitMQ 4.3 counts such a return toward the delivery limit
+// where it does not count the nack (measured on 4.3.6 when a look read with
+// basic.get, 20 looks at 200 dead letters: with individual nacks and the
+// channel closed at once, 167 had x-delivery-count 14 to 17; with a passive
+// declare between them 6 to 12; with one multiple nack 19 or 20; waiting for
+// the depth, 0; reading with a consumer and waiting, 0 again:
+// TestWhatALookCountsOnAQuorumQueue). RabbitMQ 3.10 and 4.0 count every
+// hand-back, nack included, once per look, whatever the order (4.0's default
+// limit of 20 drops a dead letter at its 21st look; see
+// dlx.Topology.DLQArguments). Every version marks the messages redelivered.
 //
 // It waits even when ctx has ended (a look cut short by Ctrl-C), up to
 // SettleTimeout: a message handed back is worth the wait.
@@ -65,55 +70,146 @@ func Return(ctx context.Context, ch *amqp.Channel, queue string, msgs []amqp.Del
 }
 
 // Peek takes messages from queue without acking them until stop says so,
-// limit are taken (0: as many as the queue holds when Peek begins) or ctx
-// ends; HandBack puts them back where they were, Return puts them back and
-// waits until the queue has them. On an error it has returned what it took.
+// limit are taken (0: as many as the queue holds when Peek begins), the
+// queue has no more ready messages, or ctx ends; HandBack puts them back
+// where they were, Return puts them back and waits until the queue has them.
+// On an error it has handed back what it took.
 //
-// With a limit it takes until the queue has no more ready messages rather
-// than as many as the queue reports: the count RabbitMQ reports may leave
-// out messages handed back a moment ago (a classic queue answers the count
-// before it has put back a look's messages), basic.get waits for them.
+// It reads with a consumer (basic.consume, acks on) whose prefetch is the
+// bound, so the broker streams the messages rather than answering one
+// basic.get after another, and never sends more than the bound (up to
+// 65,535, a prefetch's most). The queue's ready count when Peek begins is
+// where it expects the stream to end: once it has that many, a pause of
+// IdleWait ends the look; before that, the look ends only after a pause of
+// StallWait with the queue showing none ready (another consumer took some).
+// stop is not asked again once it has said stop. Deliveries on their way
+// when the look ends are handed back at once. A look cut off (ctx ended,
+// the channel or the connection closed) loses nothing: what it holds
+// unacked goes back to the queue when the channel closes.
 func Peek(ctx context.Context, ch *amqp.Channel, queue string, limit int, stop func(amqp.Delivery) bool) ([]amqp.Delivery, error) {
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
 		return nil, fmt.Errorf("queue %s: %w", queue, err)
 	}
-	n := limit
+	bound := limit
 	if limit <= 0 {
-		n = q.Messages
+		if bound = q.Messages; bound == 0 {
+			return nil, nil
+		}
 	}
-	var out []amqp.Delivery
-	for range n {
-		if err := ctx.Err(); err != nil {
-			_ = Return(ctx, ch, queue, out)
-			return nil, err
+	if err := ch.Qos(min(bound, math.MaxUint16), 0, false); err != nil {
+		return nil, fmt.Errorf("read %s: %w", queue, err)
+	}
+	tag := "amqpretry-look-" + rand.Text()
+	// Consume, not ConsumeWithContext: that one leaves a goroutine per call
+	// waiting for ctx or the channel's end.
+	deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", queue, err)
+	}
+	out, err := take(ctx, ch, queue, deliveries, bound, q.Messages, stop)
+	if cerr := ch.Cancel(tag, false); cerr != nil && err == nil {
+		err = fmt.Errorf("read %s: %w", queue, cerr)
+	}
+	// What arrived before the cancel-ok: amqp091-go hands it on, then
+	// closes deliveries (at once if the channel has closed).
+	var extra []amqp.Delivery
+	for d := range deliveries {
+		extra = append(extra, d)
+	}
+	if err != nil {
+		HandBack(append(out, extra...))
+		return nil, err
+	}
+	if len(extra) > 0 {
+		// Back at once, and counted before Peek returns: a classic queue
+		// answers a count before the requeues sent ahead of it, and Return
+		// (or the next look) would trust a count without these.
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		for _, d := range extra {
+			_ = d.Nack(false, true)
 		}
-		d, ok, err := ch.Get(queue, false)
+		if err == nil {
+			_, err = Settle(ctx, ch, queue, q.Messages+len(extra))
+		}
 		if err != nil {
-			_ = Return(ctx, ch, queue, out)
-			return nil, fmt.Errorf("read %s: %w", queue, err)
-		}
-		if !ok {
-			break
-		}
-		out = append(out, d)
-		if stop != nil && stop(d) {
-			break
+			HandBack(out)
+			return nil, fmt.Errorf("queue %s: %w", queue, err)
 		}
 	}
 	return out, nil
 }
 
-// HandBack returns peeked messages to their queue with basic.nack(requeue):
+// IdleWait is how long a look waits for more deliveries once it has as
+// many as the queue held when it began; a pause of IdleWait before that
+// makes it ask the queue whether any are still ready.
+const IdleWait = 50 * time.Millisecond
+
+// StallWait is how long a look, short of what the queue held when it began,
+// waits for more once the queue has none ready: the broker has sent them
+// (a quorum queue reports them sent before they arrive) or another consumer
+// took them.
+const StallWait = time.Second
+
+// take reads deliveries until it has bound, stop says so, a pause of
+// IdleWait follows the expected count (or, before it, a pause of StallWait
+// with the queue showing none ready), or ctx ends.
+func take(ctx context.Context, ch *amqp.Channel, queue string, deliveries <-chan amqp.Delivery, bound, expected int, stop func(amqp.Delivery) bool) ([]amqp.Delivery, error) {
+	out := make([]amqp.Delivery, 0, min(bound, max(expected, 1)))
+	idle := time.NewTimer(IdleWait)
+	defer idle.Stop()
+	last := time.Now() // of the last delivery, or the start
+	for {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return out, fmt.Errorf("read %s: the channel closed during the look", queue)
+			}
+			out = append(out, d)
+			if stopped := stop != nil && stop(d); stopped || len(out) >= bound {
+				return out, nil
+			}
+			last = time.Now()
+			idle.Reset(IdleWait)
+		case <-idle.C:
+			if len(out) >= expected {
+				return out, nil
+			}
+			q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+			if err != nil {
+				return out, fmt.Errorf("queue %s: %w", queue, err)
+			}
+			if q.Messages == 0 && time.Since(last) >= StallWait {
+				return out, nil
+			}
+			idle.Reset(IdleWait)
+		case <-ctx.Done():
+			return out, ctx.Err()
+		}
+	}
+}
+
+// HandBack returns peeked messages, all taken on one channel, to their
+// queue with one basic.nack(multiple, requeue) on the last delivery tag:
 // looking at a message is not its failure, and from RabbitMQ 4.3 a nack,
 // unlike a reject or a closed channel, does not count toward a quorum DLQ's
 // delivery limit, provided the broker has applied it before the channel
-// closes: wait for that with Settle, or use Return. 4.0 counts it: a dlx.Topology's quorum DLQ has a limit too
-// high to reach, any other quorum queue the broker's (20 on 4.x).
+// closes: wait for that with Settle, or use Return. 4.0 counts it: a
+// dlx.Topology's quorum DLQ has a limit too high to reach, any other quorum
+// queue the broker's (20 on 4.x). The nack takes back every delivery of the
+// channel up to the last tag: the channel must hold no other unsettled
+// delivery of that range.
 func HandBack(msgs []amqp.Delivery) {
-	for _, d := range msgs {
-		_ = d.Nack(false, true)
+	if len(msgs) == 0 {
+		return
 	}
+	last := msgs[0]
+	for _, d := range msgs[1:] {
+		if d.DeliveryTag > last.DeliveryTag {
+			last = d
+		}
+	}
+	_ = last.Nack(true, true)
 }
 
 // Header is a header's value as text, raw, for matching and grouping: show
