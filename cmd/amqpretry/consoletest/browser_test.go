@@ -676,3 +676,144 @@ func TestBrowserLooksAtThousands(t *testing.T) {
 		follow(t, ctx, `p.snapinfo`, chromedp.Click(`form[action="/look"] button`, chromedp.ByQuery))
 	}
 }
+
+// chartOf reads the chart sel matches: the counts it says it holds, its
+// first bucket's start, its step, and the counts its bars draw.
+type chartRead struct {
+	Buckets string
+	From    string
+	Step    int
+	Bars    []int
+	State   string
+}
+
+func readChart(t *testing.T, ctx context.Context, sel string) chartRead {
+	t.Helper()
+	waitFor(t, ctx, sel, fmt.Sprintf(`document.readyState === "complete" && document.querySelector(%q) !== null`, sel))
+	return eval[chartRead](t, ctx, fmt.Sprintf(`(() => { const s = document.querySelector(%q);
+		return {Buckets: s.dataset.buckets, From: s.dataset.from, Step: Number(s.dataset.step),
+			Bars: Array.from(s.querySelectorAll("rect.bar")).map(r => Number(r.dataset.n)),
+			State: s.classList.contains("now") ? "now" : "stopped"}; })()`, sel))
+}
+
+// wantBuckets counts times into the buckets c says it has, as a person
+// reading its axis would: bucket i holds [from + i·step, from + (i+1)·step).
+func wantBuckets(t *testing.T, c chartRead, times []time.Time) string {
+	t.Helper()
+	from, err := time.Parse(time.RFC3339, c.From)
+	if err != nil || c.Step <= 0 {
+		t.Fatalf("the chart says from %q, step %d", c.From, c.Step)
+	}
+	n := len(strings.Split(c.Buckets, ","))
+	counts := make([]string, n)
+	got := make([]int, n)
+	step := time.Duration(c.Step) * time.Second
+	for _, at := range times {
+		i := int(at.Sub(from) / step)
+		if i < 0 || i >= n {
+			t.Fatalf("a failure at %s falls outside the chart's %d buckets of %v from %s", at, n, step, from)
+		}
+		got[i]++
+	}
+	for i, k := range got {
+		counts[i] = fmt.Sprint(k)
+	}
+	return strings.Join(counts, ",")
+}
+
+// nonZero is the counts of s, comma-separated, without the zeros: what the
+// bars draw.
+func nonZero(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		var n int
+		fmt.Sscan(f, &n)
+		if n > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// A DLQ filled over four hours: customers failing every two minutes for the
+// last hour, up to now, and the tax service failing for an hour until three
+// hours ago. The overview draws each group's failures per interval across
+// the snapshot's span, the customers' as failing now and the tax service's
+// as stopped 3 h ago; the group's page draws the same with axes, ticks and a
+// legend.
+func TestBrowserFailuresOverTime(t *testing.T) {
+	needBrowser(t)
+	dlq, work := dlqOf(t)
+	now := time.Now()
+	var customers, taxes []time.Time
+	var msgs []amqp.Publishing
+	for i := range 30 {
+		at := now.Add(-time.Duration(i)*2*time.Minute - 10*time.Second)
+		customers = append(customers, at)
+		msgs = append(msgs, deadLetter(work, fmt.Sprintf("customer-%d", i), fmt.Sprintf("customer %d not found", 1000+i), at))
+	}
+	for i := range 40 {
+		at := now.Add(-3*time.Hour - time.Duration(i)*90*time.Second)
+		taxes = append(taxes, at)
+		msgs = append(msgs, deadLetter(work, fmt.Sprintf("tax-%d", i), fmt.Sprintf("tax service: request %d timed out", i), at))
+	}
+	brokertest.Publish(t, dlq, msgs...)
+	c := startConsole(t, dlq)
+	ctx := signedIn(t, c)
+
+	sel := func(i int) string { return fmt.Sprintf(`tr.group:nth-of-type(%d) svg.chart`, i) }
+	// The overview lists the larger group first: tax (40), customers (30).
+	if got := groups(t, ctx); got["tax service: request <n> timed out"] != "40" || got["customer <n> not found"] != "30" {
+		t.Fatalf("groups %v", got)
+	}
+	for i, tc := range []struct {
+		name     string
+		times    []time.Time
+		state    string
+		activity string
+	}{
+		{"tax", taxes, "stopped", "stopped 3 h ago"},
+		{"customers", customers, "now", "failing now"},
+	} {
+		ch := readChart(t, ctx, sel(i+1))
+		if want := wantBuckets(t, ch, tc.times); ch.Buckets != want {
+			t.Errorf("%s: the overview's chart counts %s, want %s", tc.name, ch.Buckets, want)
+		}
+		if !slices.Equal(ch.Bars, nonZero(ch.Buckets)) {
+			t.Errorf("%s: bars %v for buckets %s", tc.name, ch.Bars, ch.Buckets)
+		}
+		if ch.State != tc.state {
+			t.Errorf("%s: drawn as %q, want %q", tc.name, ch.State, tc.state)
+		}
+		if a := text(t, ctx, fmt.Sprintf(`tr.group:nth-of-type(%d) .activity`, i+1)); a != tc.activity {
+			t.Errorf("%s: says %q, want %q", tc.name, a, tc.activity)
+		}
+	}
+	// Failing now and stopped look different.
+	colours := eval[[]string](t, ctx, `Array.from(document.querySelectorAll("tr.group svg.chart rect.bar:last-of-type")).map(r => getComputedStyle(r).fill)`)
+	if len(colours) != 2 || colours[0] == colours[1] {
+		t.Errorf("the bars of a stopped and a failing group are coloured %v", colours)
+	}
+	shot(t, ctx, "console-charts")
+
+	follow(t, ctx, `svg.chart.big`, groupLink("customer"))
+	big := readChart(t, ctx, `svg.chart.big`)
+	if want := wantBuckets(t, big, customers); big.Buckets != want {
+		t.Errorf("the group page's chart counts %s, want %s", big.Buckets, want)
+	}
+	if !slices.Equal(big.Bars, nonZero(big.Buckets)) || big.State != "now" {
+		t.Errorf("the group page's chart: bars %v, state %s", big.Bars, big.State)
+	}
+	ticks := eval[[]string](t, ctx, `Array.from(document.querySelectorAll("svg.chart.big text.xtick")).map(e => e.textContent)`)
+	yticks := eval[[]string](t, ctx, `Array.from(document.querySelectorAll("svg.chart.big text.ytick")).map(e => e.textContent)`)
+	if len(ticks) < 3 || len(yticks) < 2 || yticks[0] != "0" {
+		t.Errorf("the axes are labelled %v and %v", ticks, yticks)
+	}
+	if l := text(t, ctx, "p.legend"); !strings.Contains(l, "failures in each") || !strings.Contains(l, "the snapshot") {
+		t.Errorf("the legend says %q", l)
+	}
+	if a := text(t, ctx, "#activity"); a != "failing now" {
+		t.Errorf("the group page says %q", a)
+	}
+	shot(t, ctx, "group-chart")
+}

@@ -201,9 +201,17 @@ type queueView struct {
 	Depth      int // now; -1 unknown
 	Snap       *Snapshot
 	Err        string
-	Groups     []*Group
+	Groups     []overviewGroup
 	MoreGroups int
 	Cost       string
+	Span       Span // the time its groups' charts share
+}
+
+// overviewGroup is a group on the overview, with its chart of failures over
+// time.
+type overviewGroup struct {
+	*Group
+	Chart chartView
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
@@ -238,7 +246,10 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 		} else {
 			qv.Snap = snap
 			groups := Groups(snap.Messages, by)
-			qv.Groups = groups[:min(len(groups), maxGroups)]
+			qv.Span = queueSpan(snap, sparkBuckets)
+			for _, g := range groups[:min(len(groups), maxGroups)] {
+				qv.Groups = append(qv.Groups, overviewGroup{g, sparkChart(qv.Span, g)})
+			}
 			qv.MoreGroups = len(groups) - len(qv.Groups)
 			qv.Cost = CostNote(snap)
 			if d, err := c.Depth(ctx, q); err == nil {
@@ -313,7 +324,8 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request, s *session) 
 		Next     int // the next page's; -1 on the last
 		Cost     string
 		Listed   string // the group's Selection.Digest, for "Replay all" and "Delete all"
-	}{q, snap, g, by, shown, pageNo + 1, pages, pageNo - 1, -1, CostNote(snap), GroupSelection(g).Digest()}
+		Chart    chartView
+	}{q, snap, g, by, shown, pageNo + 1, pages, pageNo - 1, -1, CostNote(snap), GroupSelection(g).Digest(), bigChart(NewSpan(g.FirstFailed, snap.Taken, bigBuckets), g)}
 	if pageNo+1 < pages {
 		page.Next = pageNo + 1
 	}
