@@ -79,12 +79,40 @@ CTL_43 := $(CURDIR)/scripts/rabbit4.sh 4.3 ctl
 # The PostgreSQL the outbox and inbox tests use (scripts/postgres.sh starts it).
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 
-# The phases share the brokers and one disrupts them: never run them in parallel.
+# The phases of one broker share it and one disrupts it: make never runs two
+# targets at once (make -j does nothing); make test runs the lanes that do
+# not share a broker side by side itself.
 .NOTPARALLEL:
 
-.PHONY: test test-console release-check tidy demo bench broker postgres rabbit4 rabbit43 suite-4.3 cluster-up cluster-down test-cluster cluster-4.3 fmt gomod vet staticcheck suite suite-3.10 suite-4.0 unit reliability fuzz soak vulncheck
+.PHONY: test brokercheck chromium test-console release-check tidy demo bench broker postgres rabbit4 rabbit43 suite-4.3 cluster-up cluster-down test-cluster cluster-4.3 fmt gomod vet staticcheck suite suite-3.10 suite-4.0 unit reliability fuzz soak vulncheck
 
-test: fmt gomod release-check vet staticcheck suite-3.10 test-console suite-4.0 suite-4.3 cluster-4.3 fuzz vulncheck
+# make test runs three lanes side by side (scripts/lanes.sh), each in order:
+# the checks, which need no broker; the 3.10 broker's suite, the console's
+# browser tests (on 3.10) and the 4.0 broker's suite; the 4.3 broker's suite
+# and the 4.3 cluster. No two lanes share a broker, and each suite stops and
+# restarts only its own (the soak), so they cannot disturb each other; they
+# share PostgreSQL, where every test has a schema of its own. Most of a
+# suite's time is spent waiting on brokers and timers, not on the CPU: side
+# by side the lanes take about twelve minutes on two cores, one after the
+# other about twenty-five. LANES=serial runs them one after the other.
+LANE_CHECKS := checks: release-check vet staticcheck fuzz vulncheck
+LANE_3 := 3.10: suite-3.10 test-console suite-4.0
+LANE_43 := 4.3: suite-4.3 cluster-4.3
+LANES ?= parallel
+
+# What the lanes need is made sure of first, one at a time (installing any of
+# them takes the package manager's lock, which two lanes cannot both hold).
+test: fmt gomod brokercheck broker postgres rabbit4 rabbit43 chromium
+ifeq ($(LANES),serial)
+	@$(MAKE) --no-print-directory $(subst checks:,,$(LANE_CHECKS)) $(subst 3.10:,,$(LANE_3)) $(subst 4.3:,,$(LANE_43))
+else
+	@MAKE='$(MAKE)' scripts/lanes.sh "$(LANE_CHECKS)" "$(LANE_3)" "$(LANE_43)"
+endif
+
+# brokercheck (internal/cmd/brokercheck) says whether a broker answers and
+# what it is; the scripts build it too, which is a no-op once it is built.
+brokercheck:
+	@$(GO) build -o $(BIN)/brokercheck ./internal/cmd/brokercheck
 
 demo: broker
 	@echo "make demo: examples/quickstart on $$(AMQP_URL=$(URL_3) $(BIN)/brokercheck -describe)"
@@ -109,8 +137,7 @@ suite-3.10: broker postgres
 # AMQPRETRY_REQUIRE_BROWSER=1 a missing browser fails them, as
 # AMQPRETRY_REQUIRE_BROKER=1 does a missing broker. Screenshots of the pages
 # go to .bin/screenshots.
-test-console: broker
-	@scripts/chromium.sh
+test-console: broker chromium
 	@cd $(BROWSER_MODULES) && AMQP_URL=$(URL_3) AMQPRETRY_RABBITMQCTL="$(CTL_3)" AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_REQUIRE_BROWSER=1 \
 	  AMQPRETRY_SCREENSHOTS=$(BIN)/screenshots $(GO) test -race -count=1 -timeout 5m ./...
 
@@ -121,8 +148,7 @@ suite-4.3: rabbit43 postgres
 	@$(MAKE) --no-print-directory suite AMQP_URL="$(URL_43)" AMQPRETRY_RABBITMQCTL="$(CTL_43)"
 
 # The broker-backed suite once, on whichever broker the environment names.
-suite:
-	@$(GO) build -o $(BIN)/brokercheck ./internal/cmd/brokercheck
+suite: brokercheck
 	@echo "== suite on $$(AMQP_URL="$(AMQP_URL)" $(BIN)/brokercheck -describe || echo "$(AMQP_URL), which does not answer")"
 	@$(MAKE) --no-print-directory unit reliability
 
@@ -150,6 +176,9 @@ postgres:
 
 rabbit4:
 	@scripts/rabbit4.sh up
+
+chromium:
+	@scripts/chromium.sh
 
 rabbit43:
 	@scripts/rabbit4.sh 4.3 up
@@ -237,10 +266,14 @@ staticcheck: $(STATICCHECK)
 # broker or PostgreSQL fails instead of skipping.
 # unit and reliability use the broker $$AMQP_URL names: run them through suite.
 SHORT ?=
+# Tests marked t.Parallel wait on the broker and on timers far more than they
+# use the CPU (each has its own queues, connections and proxies): six at a
+# time rather than one per core.
+PARALLEL ?= 6
 UNIT_MODULES ?= $(filter-out $(BROWSER_MODULES),$(MODULES))
 unit:
 	@for m in $(UNIT_MODULES); do (cd $$m && AMQPRETRY_REQUIRE_BROKER=1 AMQPRETRY_REQUIRE_DB=1 DATABASE_URL='$(DATABASE_URL)' \
-	  $(GO) test -race -count=1 $(SHORT) ./...); done
+	  $(GO) test -race -count=1 -parallel $(PARALLEL) $(SHORT) ./...); done
 
 # Tests that stop the broker's app run alone, after the others: a restart
 # would pull the broker from under tests running in parallel. The outbox's
