@@ -23,9 +23,11 @@ func TestReplayUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a fault matrix of a minute or more: make test runs it in the newest broker's suite; the older brokers' suites run with -short")
 	}
+	t.Parallel() // each case has its own queues, proxies and connections
 	for _, typ := range []dlx.QueueType{dlx.Classic, dlx.Quorum} {
 		for _, f := range tierFaults {
 			t.Run(fmt.Sprintf("%s/%s", typ, f.name), func(t *testing.T) {
+				t.Parallel()
 				replayUnderFault(t, typ, f)
 			})
 		}

@@ -89,10 +89,14 @@ func TestTiersUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a fault matrix of a minute or more: make test runs it in the newest broker's suite; the older brokers' suites run with -short")
 	}
+	// Each case has its own queues, proxies and connections, and spends its
+	// time waiting on the broker and on timers: the cases run side by side.
+	t.Parallel()
 	for _, typ := range []dlx.QueueType{dlx.Classic, dlx.Quorum} {
 		for _, at := range []int64{1, 3} { // the republish to the first tier; to the DLQ
 			for _, f := range tierFaults {
 				t.Run(fmt.Sprintf("%s/publish %d/%s", typ, at, f.name), func(t *testing.T) {
+					t.Parallel()
 					tiersUnderFault(t, typ, at, f)
 				})
 			}
