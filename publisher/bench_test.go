@@ -2,8 +2,11 @@ package publisher_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -72,4 +75,54 @@ func BenchmarkPublish32(b *testing.B) {
 		})
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msg/s")
 	})
+}
+
+// BenchmarkOneBadAmong500 publishes 500 messages at once on one channel, the
+// first to an internal exchange: the broker closes the channel with a 403
+// whose text pins it on no message, and the publisher must find the culprit
+// among the 500 unconfirmed and have the 499 others confirmed. It reports
+// the confirm round trips spent one after another and the channels opened,
+// per 500; "rtt=1ms" puts half a millisecond each way between the publisher
+// and the broker, as a network would.
+//
+//	go test -run XXX -bench OneBadAmong500 -benchtime 10x ./publisher
+func BenchmarkOneBadAmong500(b *testing.B) {
+	for _, oneWay := range []time.Duration{0, 500 * time.Microsecond} {
+		b.Run(fmt.Sprintf("rtt=%v", 2*oneWay), func(b *testing.B) { benchmarkOneBadAmong(b, 500, oneWay) })
+	}
+}
+
+func benchmarkOneBadAmong(b *testing.B, inFlight int, oneWay time.Duration) {
+	q := brokertest.Name(b, "q")
+	brokertest.Queue(b, q, nil)
+	internal := brokertest.Name(b, "internal")
+	ch := brokertest.Channel(b, brokertest.Dial(b))
+	if err := ch.ExchangeDeclare(internal, "fanout", false, true, true, false, nil); err != nil {
+		b.Fatal(err)
+	}
+	proxy, url := brokertest.Proxy(b)
+	proxy.RecordMethods()
+	proxy.SetLatency(oneWay)
+	p, err := publisher.New(url, publisher.WithChannels(1), publisher.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	opened := proxy.Sent("channel.open")
+	b.ResetTimer()
+	for range b.N {
+		errs := badAmongMany(b, ctx, p, proxy, internal, q, inFlight, nil)
+		for i, err := range errs {
+			if (i == 0) == (err == nil) {
+				b.Fatalf("publish %d: %v", i, err)
+			}
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(publisher.SuspectRounds(p))/float64(b.N), "rounds/op")
+	b.ReportMetric(float64(proxy.Sent("channel.open")-opened)/float64(b.N), "channels/op")
+	if _, err := ch.QueuePurge(q, false); err != nil {
+		b.Fatal(err)
+	}
 }

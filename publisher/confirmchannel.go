@@ -2,9 +2,11 @@ package publisher
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +43,12 @@ type confirmChannel struct {
 	published    uint64        // delivery tag of the last message sent; guarded by sendSlot
 	sendingSince atomic.Int64  // unix nanos when the send in progress began, or 0
 
+	// isolate takes the messages lost with the channel when the broker
+	// closes it with an exception its text pins on none of them, and finds
+	// the cause among them (see isolator); nil on the solo channel and on
+	// the isolator's own. False: it cannot, they are failed as lost.
+	isolate func(suspects []*inflight) bool
+
 	mu       sync.Mutex
 	pending  map[uint64]*inflight
 	sendDone <-chan struct{} // the context of the latest send: see abandonedSend
@@ -58,8 +66,11 @@ type inflight struct {
 	userID        string
 	expiration    string
 	headers       amqp.Table
+	msg           *amqp.Publishing // as sent, for the isolator to send again
+	mandatory     bool
 	returned      *amqp.Return
-	result        chan error // receives exactly one outcome
+	result        chan error  // receives exactly one outcome
+	abandoned     atomic.Bool // its caller stopped waiting: not worth sending again
 }
 
 // matches reports whether r may be f's return: same destination, ids and
@@ -165,8 +176,8 @@ func (e *channelLostError) Error() string {
 }
 
 // openConfirmChannel opens a confirm channel; when it closes, it reports itself
-// once on died.
-func openConfirmChannel(conn *amqp.Connection, died chan<- *confirmChannel) (*confirmChannel, error) {
+// once on died, unless died is nil. isolate: see confirmChannel.
+func openConfirmChannel(conn *amqp.Connection, died chan<- *confirmChannel, isolate func([]*inflight) bool) (*confirmChannel, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, err
@@ -175,13 +186,15 @@ func openConfirmChannel(conn *amqp.Connection, died chan<- *confirmChannel) (*co
 		_ = ch.Close()
 		return nil, err
 	}
-	cc := &confirmChannel{ch: ch, pending: make(map[uint64]*inflight), done: make(chan struct{}), sendSlot: make(chan struct{}, 1)}
+	cc := &confirmChannel{ch: ch, pending: make(map[uint64]*inflight), done: make(chan struct{}), sendSlot: make(chan struct{}, 1), isolate: isolate}
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 256))
 	returns := ch.NotifyReturn(make(chan amqp.Return, 1024))
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
 		cc.watch(confirms, returns, closes)
-		died <- cc
+		if died != nil {
+			died <- cc
+		}
 		close(cc.done)
 	}()
 	return cc, nil
@@ -202,7 +215,8 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 		exchange: exchange, key: key, body: msg.Body,
 		messageID: msg.MessageId, correlationID: msg.CorrelationId, userID: msg.UserId, expiration: msg.Expiration,
 		headers: msg.Headers,
-		result:  make(chan error, 1),
+		msg:     msg, mandatory: mandatory,
+		result: make(chan error, 1),
 	}
 	cc.mu.Lock()
 	if cc.dead.Load() {
@@ -367,6 +381,8 @@ func (cc *confirmChannel) markReturned(r *amqp.Return) {
 // its user-id, its expiration or its size past max_message_size) is that
 // message's own failure; the others were lost with the channel and are
 // published again by their callers, knowing whether the cause was found.
+// When the text names none of them, they go to the isolator, which finds
+// the cause and gives each its outcome.
 func (cc *confirmChannel) die(closeErr *amqp.Error) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
@@ -388,6 +404,13 @@ func (cc *confirmChannel) die(closeErr *amqp.Error) {
 			attributed = true
 		default:
 			innocent = append(innocent, f)
+		}
+	}
+	if len(innocent) > 0 && !attributed && isChannelException(closeErr) && cc.isolate != nil {
+		// In the order they were sent, for a search a reader can follow.
+		slices.SortFunc(innocent, func(a, b *inflight) int { return cmp.Compare(a.tag, b.tag) })
+		if cc.isolate(innocent) {
+			return
 		}
 	}
 	for _, f := range innocent {

@@ -36,10 +36,16 @@
 // than the login (unless WithImpersonation). When the broker closes a
 // channel anyway, a message its text names (a missing exchange, a user-id,
 // an expiration, a size) fails; the others are published again. If the text
-// names none, each message lost with the channel is published again alone, on
-// a channel of its own, one at a time: the one that caused it closes that
-// channel by itself and fails with a *ChannelError, and every other is sent
-// again once and confirmed.
+// names none, the messages lost with the channel are searched: published
+// again in up to 8 groups at once, each on a channel of its own; a group
+// whose channel stays open is confirmed, and one whose channel the broker
+// closes again is split and searched the same way, until the message that
+// caused it is the only one unconfirmed on a closed channel and fails with a
+// *ChannelError. That takes a round per factor of 8 in flight (3 rounds for
+// 500, 1 for up to 8), not a round trip per message. A message sent again in
+// a group that the broker closes may have been stored unconfirmed before the
+// close, like any message lost with its channel, so an innocent one may
+// reach its queue once per round it was lost in, and once more.
 //
 // # Invalid options
 //

@@ -72,12 +72,13 @@ func (e *ExchangeNotFoundError) Error() string {
 // message was unconfirmed, and the exception is put down to the message: the
 // broker's text names its user-id, its expiration or its size past
 // max_message_size (406, at once: RabbitMQ 4 refuses messages over 16 MiB),
-// or, sent again alone on a channel of its own after an exception that the
-// text pinned on no message, it made the broker close that channel too (a
-// publish to an internal exchange, say). Its unconfirmed neighbours were sent
-// again at most once, and not failed. Publishing the same message again
-// fails the same way until what the broker objects to changes. Code and
-// Reason are the last exception's.
+// or, after an exception that the text pinned on no message (a publish to an
+// internal exchange, say), the search among the messages lost with that
+// channel left it the only one unconfirmed on a channel the broker closed
+// again. Its unconfirmed neighbours were sent again in groups on channels of
+// their own, and not failed. Publishing the same message again fails the
+// same way until what the broker objects to changes. Code and Reason are the
+// last exception's.
 type ChannelError struct {
 	Exchange string
 	Code     int

@@ -39,6 +39,12 @@ type Publisher struct {
 	frameMax atomic.Int64
 	soloSlot chan struct{} // held by the one publish on the solo channel
 
+	// suspectRounds counts the confirm round trips spent, one after
+	// another, finding which message caused a channel exception its text
+	// pins on none; searching, the searches under way (tests read both).
+	suspectRounds atomic.Int64
+	searching     atomic.Int64
+
 	mu       sync.Mutex
 	closed   bool          // no new publishes
 	active   int           // publishes in progress
@@ -54,12 +60,13 @@ type Publisher struct {
 // channelSet is an immutable snapshot of the usable confirm channels;
 // changed is closed when it is replaced, waking publishes that found none.
 //
-// solo is a confirm channel of its own for a message whose channel the
-// broker closed with an exception its text pins on no message: the message
-// is sent again there alone, one publish at a time (soloSlot), so that if it
-// was the cause the broker closes a channel it shares with no other message,
-// and it fails by itself, while each innocent neighbour is sent again only
-// once and confirmed.
+// solo is a confirm channel of its own for a message whose channels keep
+// closing under it, each exception pinned on another message: it is sent
+// again there alone, one publish at a time (soloSlot), so that it is never
+// sent more than a few times. (Messages lost with a channel whose exception
+// is pinned on none of them are searched by the connection's isolator, on
+// channels of its own: see isolate.go. Should the connection be going, they
+// fall back to being sent alone here.)
 type channelSet struct {
 	channels []*confirmChannel
 	solo     *confirmChannel
@@ -127,15 +134,17 @@ func New(url string, opts ...Option) (*Publisher, error) {
 		return nil, fmt.Errorf("publisher: cannot connect to %w", err) // err names each address
 	}
 	died := make(chan *confirmChannel, cfg.channels+1)
-	channels, err := openConfirmChannels(conn.Connection, cfg.channels+1, died)
+	iso := p.newIsolator(conn.Connection)
+	channels, err := openConfirmChannels(conn.Connection, cfg.channels, died, iso)
 	if err != nil {
 		conn.Abandon()
+		iso.stop()
 		p.cancel()
 		return nil, fmt.Errorf("publisher: cannot open confirm channels on %s: %w", p.redacted, err)
 	}
 	cfg.logger.Info("publisher: connected", "url", conn.RedactedURL)
 	p.wg.Add(1)
-	go p.run(conn, channels, died)
+	go p.run(conn, channels, died, iso)
 	return p, nil
 }
 
@@ -166,6 +175,9 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 		var err error
 		if solo {
 			cc, err = p.takeSolo(ctx, exchange, key)
+			if err == nil {
+				p.suspectRounds.Add(1)
+			}
 		} else {
 			cc, err = p.pickChannel(ctx, exchange, key)
 		}
@@ -199,7 +211,9 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 			// Lost with its channel: publish again, on a new channel if need
 			// be. An exception on the solo channel, where this message was
 			// alone, is this message's doing. One that the broker's text pins
-			// on no message makes this one a suspect, sent again alone; a
+			// on no message went to the isolator, which gives this message
+			// its outcome; it comes back here unsearched only if the
+			// connection was going, and is then sent again alone; a
 			// message whose channels keep closing under it, each time blamed
 			// on another, is sent alone too, so it is never sent more than a
 			// few times.
@@ -310,9 +324,11 @@ func (p *Publisher) await(ctx context.Context, cc *confirmChannel, f *inflight) 
 		return err
 	case <-ctx.Done():
 		cc.forget(f.tag)
+		f.abandoned.Store(true)
 		return &notConfirmedError{exchange: f.exchange, key: f.key, cause: ctx.Err()}
 	case <-expired:
 		cc.forget(f.tag)
+		f.abandoned.Store(true)
 		return &notConfirmedError{exchange: f.exchange, key: f.key, cause: fmt.Errorf("no confirm within %v (WithConfirmTimeout)", p.cfg.confirmTimeout)}
 	}
 }
@@ -433,10 +449,16 @@ func (p *Publisher) dial() (*amqpconn.Conn, error) {
 	return conn, nil
 }
 
-func openConfirmChannels(conn *amqp.Connection, n int, died chan<- *confirmChannel) ([]*confirmChannel, error) {
-	channels := make([]*confirmChannel, 0, n)
-	for range n {
-		cc, err := openConfirmChannel(conn, died)
+// openConfirmChannels opens n shared confirm channels, whose unpinned
+// exceptions iso searches, and, last, the solo one.
+func openConfirmChannels(conn *amqp.Connection, n int, died chan<- *confirmChannel, iso *isolator) ([]*confirmChannel, error) {
+	channels := make([]*confirmChannel, 0, n+1)
+	for i := range n + 1 {
+		isolate := iso.start
+		if i == n {
+			isolate = nil
+		}
+		cc, err := openConfirmChannel(conn, died, isolate)
 		if err != nil {
 			for _, cc := range channels {
 				cc.close()
@@ -450,13 +472,13 @@ func openConfirmChannels(conn *amqp.Connection, n int, died chan<- *confirmChann
 
 // run owns the connection: it serves one connection until it is lost, then
 // redials with backoff, until Close.
-func (p *Publisher) run(conn *amqpconn.Conn, channels []*confirmChannel, died chan *confirmChannel) {
+func (p *Publisher) run(conn *amqpconn.Conn, channels []*confirmChannel, died chan *confirmChannel, iso *isolator) {
 	defer p.wg.Done()
 	redial := amqpconn.NewRedialer()
 	var lastAtOnce time.Time
 	for {
 		began := time.Now()
-		loss := p.serve(conn, channels, died)
+		loss := p.serve(conn, channels, died, iso)
 		if loss == nil {
 			return // closing
 		}
@@ -469,32 +491,34 @@ func (p *Publisher) run(conn *amqpconn.Conn, channels []*confirmChannel, died ch
 		if atOnce {
 			lastAtOnce = time.Now()
 		}
-		if conn, channels, died = p.redial(redial, atOnce); conn == nil {
+		if conn, channels, died, iso = p.redial(redial, atOnce); conn == nil {
 			return // closing
 		}
 		p.cfg.logger.Info("publisher: reconnected", "url", conn.RedactedURL)
 	}
 }
 
-func (p *Publisher) redial(redial *amqpconn.Redialer, atOnce bool) (*amqpconn.Conn, []*confirmChannel, chan *confirmChannel) {
+func (p *Publisher) redial(redial *amqpconn.Redialer, atOnce bool) (*amqpconn.Conn, []*confirmChannel, chan *confirmChannel, *isolator) {
 	redial.Reset()
 	for {
 		if !atOnce && amqpconn.Sleep(p.closing, redial.Next()) != nil {
-			return nil, nil, nil
+			return nil, nil, nil, nil
 		}
 		atOnce = false
 		conn, err := p.dial()
 		if err == nil {
 			died := make(chan *confirmChannel, p.cfg.channels+1)
-			channels, lerr := openConfirmChannels(conn.Connection, p.cfg.channels+1, died)
+			iso := p.newIsolator(conn.Connection)
+			channels, lerr := openConfirmChannels(conn.Connection, p.cfg.channels, died, iso)
 			if lerr == nil {
-				return conn, channels, died
+				return conn, channels, died, iso
 			}
 			conn.Abandon()
+			iso.stop()
 			err = lerr
 		}
 		if p.closing.Err() != nil {
-			return nil, nil, nil // Close cut the dial short: no failure to report
+			return nil, nil, nil, nil // Close cut the dial short: no failure to report
 		}
 		p.noteLoss(err)
 		p.cfg.logger.Warn("publisher: redial failed", "url", p.redacted, "error", err)
@@ -510,12 +534,14 @@ func (p *Publisher) noteLoss(err error) {
 // serve publishes through the confirm channels of one connection, replacing
 // one that the broker closed (a publish to a missing exchange, say). It
 // returns the connection's loss, or nil when the Publisher is closing.
-// channels holds the shared channels and, last, the solo one.
+// channels holds the shared channels and, last, the solo one; iso searches
+// the shared channels' unpinned exceptions, and serve stops it, waiting for
+// its searches, before it returns.
 //
 // Each confirm channel reports its death once on died, which holds one
 // report per channel, so a watcher never blocks on it even after serve has
 // returned.
-func (p *Publisher) serve(conn *amqpconn.Conn, channels []*confirmChannel, died chan *confirmChannel) error {
+func (p *Publisher) serve(conn *amqpconn.Conn, channels []*confirmChannel, died chan *confirmChannel, iso *isolator) error {
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	blockings := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	blocked := false
@@ -533,6 +559,7 @@ func (p *Publisher) serve(conn *amqpconn.Conn, channels []*confirmChannel, died 
 		if solo != nil {
 			solo.close()
 		}
+		iso.stop()
 	}()
 	watchdog := time.NewTicker(time.Second)
 	defer watchdog.Stop()
@@ -586,7 +613,11 @@ func (p *Publisher) serve(conn *amqpconn.Conn, channels []*confirmChannel, died 
 			retry = nil
 		}
 		for (solo == nil || missing > 0) && !conn.IsClosed() {
-			cc, err := openConfirmChannel(conn.Connection, died)
+			isolate := iso.start
+			if solo == nil {
+				isolate = nil
+			}
+			cc, err := openConfirmChannel(conn.Connection, died, isolate)
 			if err != nil {
 				p.cfg.logger.Warn("publisher: cannot reopen a confirm channel; retrying", "url", p.redacted, "error", err)
 				if retry == nil {
