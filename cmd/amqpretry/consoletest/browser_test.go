@@ -817,3 +817,69 @@ func TestBrowserFailuresOverTime(t *testing.T) {
 	}
 	shot(t, ctx, "group-chart")
 }
+
+// The search box, on every page, finds one message among a thousand on
+// two queues — by message id, correlation id, a header's value or the
+// body's text, in any case — and its result links to the message.
+func TestBrowserSearchFindsOneInAThousand(t *testing.T) {
+	needBrowser(t)
+	dlq, work := dlqOf(t)
+	other, _ := dlqOf(t)
+	now := time.Now()
+	var msgs []amqp.Publishing
+	for i := range 1000 {
+		m := deadLetter(work, fmt.Sprintf("order-%04d", i), fmt.Sprintf("customer %d not found", i), now.Add(-time.Duration(i)*time.Second))
+		m.CorrelationId = fmt.Sprintf("corr-%04d", i)
+		m.Headers["tenant"] = fmt.Sprintf("tenant-%04d", i)
+		msgs = append(msgs, m)
+	}
+	brokertest.Publish(t, dlq, msgs[:500]...)
+	brokertest.Publish(t, other, msgs[500:]...)
+	needle := deadLetter(work, "order-needle", "tax service timed out", now)
+	needle.CorrelationId = "corr-Zebra-77"
+	needle.Headers["tenant"] = "Wombat Holdings"
+	needle.Body = []byte(`{"sku":"ocelot-<b>9</b>"}`)
+	brokertest.Publish(t, other, needle)
+	c := startConsole(t, dlq, "--queue", other)
+	ctx := signedIn(t, c)
+
+	search := func(query string) {
+		t.Helper()
+		waitFor(t, ctx, "the search box", `document.readyState === "complete" && document.querySelector("form.search input[name=s]") !== null`)
+		run(t, ctx, chromedp.SetValue(`form.search input[name=s]`, query, chromedp.ByQuery))
+		follow(t, ctx, `#searchinfo`, chromedp.Click(`form.search button`, chromedp.ByQuery))
+	}
+	for _, tc := range []struct{ query, where string }{
+		{"order-needle", "message id"},
+		{"CORR-zebra-77", "correlation id"},
+		{"wombat", "header tenant"},
+		{"ocelot-<b>9", "body"},
+	} {
+		search(tc.query)
+		hits := eval[[][]string](t, ctx, `Array.from(document.querySelectorAll("tr.hit")).map(r => [r.cells[0].textContent, r.cells[1].textContent, r.querySelector("mark").textContent])`)
+		if len(hits) != 1 || hits[0][0] != "order-needle" || hits[0][1] != tc.where || !strings.EqualFold(hits[0][2], tc.query) {
+			t.Errorf("%q found %q, want order-needle in its %s", tc.query, hits, tc.where)
+		}
+		if s := text(t, ctx, "#searchinfo"); !strings.HasPrefix(s, "1 message hold") || !strings.Contains(s, "of the 1,001 in the snapshots") {
+			t.Errorf("%q: %q", tc.query, s)
+		}
+		if n := eval[int](t, ctx, `document.querySelectorAll("tr.hit b").length`); n != 0 {
+			t.Errorf("%q: the body's markup became %d elements", tc.query, n)
+		}
+	}
+	shot(t, ctx, "search")
+	// A search that matches many lists them all; the result links to the
+	// message.
+	search("tenant-01")
+	if n := eval[int](t, ctx, `document.querySelectorAll("tr.hit").length`); n != 100 {
+		t.Errorf("tenant-01 found %d, want 100", n)
+	}
+	search("order-needle")
+	follow(t, ctx, `#body`, chromedp.Click(`tr.hit a`, chromedp.ByQuery))
+	if h := text(t, ctx, "h1"); h != "Message order-needle" {
+		t.Errorf("the hit's link leads to %q", h)
+	}
+	if n := eval[int](t, ctx, `document.querySelectorAll("form.search input[name=s]").length`); n != 1 {
+		t.Errorf("the message page has %d search boxes", n)
+	}
+}

@@ -54,6 +54,7 @@ func (c *Console) routes() *http.ServeMux {
 	mux.Handle("GET /{$}", c.page(c.overview))
 	mux.Handle("GET /group", c.page(c.groupPage))
 	mux.Handle("GET /message", c.page(c.messagePage))
+	mux.Handle("GET /search", c.page(c.search))
 	mux.Handle("GET /outbox", c.page(c.outboxPage))
 	mux.Handle("GET /result", c.page(c.resultPage))
 	mux.Handle("POST /look", c.change(c.lookPost, true))
@@ -164,6 +165,7 @@ type view struct {
 	ReadOnly  bool
 	Broker    string
 	HasOutbox bool
+	Search    string // the search box's text
 	Page      any
 }
 
@@ -227,18 +229,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 	if listErr != nil {
 		page.ListErr = c.redact(listErr.Error())
 	}
-	// Each queue's archive, once a delete has made one, is shown after it,
-	// with Restore where the queue has Replay.
-	var shown []string
-	for _, q := range queues {
-		shown = append(shown, q)
-		if a := ArchiveOf(q); !IsArchive(q) && !slices.Contains(queues, a) {
-			if _, err := c.Depth(ctx, a); err == nil {
-				shown = append(shown, a)
-			}
-		}
-	}
-	for _, q := range shown {
+	for _, q := range c.withArchives(ctx, queues) {
 		qv := queueView{Name: q, Depth: -1}
 		snap, err := c.Snapshot(ctx, q, false)
 		if err != nil {
@@ -259,6 +250,75 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 		page.Queues = append(page.Queues, qv)
 	}
 	c.render.page(w, http.StatusOK, "overview", c.view(s, "Dead letters", page))
+}
+
+// withArchives is queues, each followed by its archive once a delete has
+// made one: the overview shows it after its queue, with Restore where the
+// queue has Replay.
+func (c *Console) withArchives(ctx context.Context, queues []string) []string {
+	var shown []string
+	for _, q := range queues {
+		shown = append(shown, q)
+		if a := ArchiveOf(q); !IsArchive(q) && !slices.Contains(queues, a) {
+			if _, err := c.Depth(ctx, a); err == nil {
+				shown = append(shown, a)
+			}
+		}
+	}
+	return shown
+}
+
+// searchQueue is what a search found on one queue.
+type searchQueue struct {
+	Name  string
+	Snap  *Snapshot
+	Err   string
+	Hits  []Hit
+	Total int
+}
+
+// search finds messages of the console's queues, in their snapshots (a look
+// at a queue that has none), by message id, correlation id, a header or the
+// body: the s parameter, in any case.
+func (c *Console) search(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx := r.Context()
+	query := strings.TrimSpace(r.FormValue("s"))
+	page := struct {
+		Query    string
+		TooLong  bool
+		Queues   []searchQueue
+		Total    int
+		Searched int
+		Listed   int
+		ListErr  string
+		MaxHits  int
+	}{Query: query, MaxHits: maxHits}
+	if utf8.RuneCountInString(query) > maxQuery {
+		page.TooLong, page.Query = true, ""
+	}
+	if page.Query != "" {
+		queues, listErr := c.Queues(ctx)
+		if listErr != nil {
+			page.ListErr = c.redact(listErr.Error())
+		}
+		for _, q := range c.withArchives(ctx, queues) {
+			sq := searchQueue{Name: q}
+			snap, err := c.Snapshot(ctx, q, false)
+			if err != nil {
+				sq.Err = c.redact(err.Error())
+			} else {
+				sq.Snap = snap
+				sq.Hits, sq.Total = Search(snap, page.Query, maxHits-page.Listed)
+				page.Listed += len(sq.Hits)
+				page.Total += sq.Total
+				page.Searched += len(snap.Messages)
+			}
+			page.Queues = append(page.Queues, sq)
+		}
+	}
+	v := c.view(s, "Search", page)
+	v.Search = query
+	c.render.page(w, http.StatusOK, "search", v)
 }
 
 // findGroup is the group with id in snap grouped by.

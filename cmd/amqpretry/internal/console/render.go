@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -29,7 +30,7 @@ var staticRoot embed.FS
 var staticFiles, _ = fs.Sub(staticRoot, "static")
 
 // pages are the templates, each rendered inside layout.html.
-var pages = []string{"login", "signedin", "overview", "group", "message", "confirm", "result", "outbox", "error"}
+var pages = []string{"login", "signedin", "overview", "group", "message", "confirm", "result", "outbox", "search", "error"}
 
 // renderer renders pages. Text from messages reaches a template as it is
 // and goes through line, block or cut there, which escape it as the CLI
@@ -44,6 +45,7 @@ var funcs = template.FuncMap{
 	"lines":           block,
 	"hv":              escape.HeaderValue,
 	"cut":             cut,
+	"snip":            snip,
 	"archive":         IsArchive,
 	"when":            when,
 	"num":             num,
@@ -107,6 +109,28 @@ func cut(n int, s string) string {
 		end += size
 	}
 	return escape.Line(s[:end]) + "…"
+}
+
+// snip is part of a search's snippet for a page: each run of white space
+// one space (kept at its ends, where it meets the match), escaped.
+func snip(s string) string {
+	var b strings.Builder
+	space := false
+	for _, r := range s {
+		if unicode.IsSpace(r) {
+			space = true
+			continue
+		}
+		if space {
+			b.WriteByte(' ')
+			space = false
+		}
+		b.WriteRune(r)
+	}
+	if space {
+		b.WriteByte(' ')
+	}
+	return escape.Line(b.String())
 }
 
 // when is a time for a page, in UTC to the millisecond; "-" for none.
