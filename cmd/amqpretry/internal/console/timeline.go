@@ -19,9 +19,10 @@ type Span struct {
 	Now time.Time
 }
 
-// steps are the intervals a chart may count failures in.
+// steps are the intervals a chart may count failures in. The shortest is a
+// minute: the last interval is what "failing now" means, and a burst of
+// dead letters a few seconds old has not stopped.
 var steps = []time.Duration{
-	time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second, 15 * time.Second, 30 * time.Second,
 	time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute, 30 * time.Minute,
 	time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 12 * time.Hour,
 	24 * time.Hour, 2 * 24 * time.Hour, 7 * 24 * time.Hour, 14 * 24 * time.Hour, 28 * 24 * time.Hour,

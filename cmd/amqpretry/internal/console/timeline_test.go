@@ -24,11 +24,11 @@ func TestNewSpan(t *testing.T) {
 		wantBuckets int
 	}{
 		{"an hour in 5 min steps", "2026-03-01T11:02:00Z", "2026-03-01T12:00:30Z", 24, "2026-03-01T11:00:00Z", 5 * time.Minute, 13},
-		{"a burst of seconds reaches back to half the buckets", "2026-03-01T12:00:28Z", "2026-03-01T12:00:30Z", 24, "2026-03-01T12:00:19Z", time.Second, 12},
+		{"a burst of seconds: minutes, back to half the buckets", "2026-03-01T12:00:28Z", "2026-03-01T12:00:30Z", 24, "2026-03-01T11:49:00Z", time.Minute, 12},
 		{"two days in 2 h steps", "2026-03-01T00:10:00Z", "2026-03-02T23:50:00Z", 24, "2026-03-01T00:00:00Z", 2 * time.Hour, 24},
 		{"a day and a minute is 25 hours: 2 h steps", "2026-03-01T00:00:00Z", "2026-03-02T00:01:00Z", 24, "2026-03-01T00:00:00Z", 2 * time.Hour, 13},
-		{"no failure time: half the buckets of seconds", "0001-01-01T00:00:00Z", "2026-03-01T12:00:30Z", 24, "2026-03-01T12:00:19Z", time.Second, 12},
-		{"a failure in the future counts as now", "2026-03-01T13:00:00Z", "2026-03-01T12:00:30Z", 24, "2026-03-01T12:00:19Z", time.Second, 12},
+		{"no failure time: half the buckets of minutes", "0001-01-01T00:00:00Z", "2026-03-01T12:00:30Z", 24, "2026-03-01T11:49:00Z", time.Minute, 12},
+		{"a failure in the future counts as now", "2026-03-01T13:00:00Z", "2026-03-01T12:00:30Z", 24, "2026-03-01T11:49:00Z", time.Minute, 12},
 		{"a year is cut to the most buckets of 28 days", "2025-01-01T00:00:00Z", "2026-03-01T00:00:00Z", 10, "", 28 * 24 * time.Hour, 10},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
