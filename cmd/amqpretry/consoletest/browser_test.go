@@ -907,3 +907,47 @@ func TestBrowserSearchFindsOneInAThousand(t *testing.T) {
 	}
 }
 
+// The overview says how many dead letters arrived since its snapshot, and,
+// asked to through its link, reloads itself without script: dead letters
+// published while the page sits open show up on it by themselves.
+func TestBrowserOverviewLive(t *testing.T) {
+	needBrowser(t)
+	dlq, work := dlqOf(t)
+	now := time.Now()
+	var msgs []amqp.Publishing
+	for i := range 10 {
+		msgs = append(msgs, deadLetter(work, fmt.Sprintf("order-%d", i), "customer not found", now))
+	}
+	brokertest.Publish(t, dlq, msgs...)
+	c := startConsole(t, dlq)
+	ctx := signedIn(t, c)
+	if n := eval[int](t, ctx, `document.querySelectorAll('meta[http-equiv="refresh"]').length`); n != 0 {
+		t.Fatalf("the overview reloads itself unasked (%d)", n)
+	}
+	follow(t, ctx, `#refreshing`, chromedp.Click(`a.refresh`, chromedp.ByQuery))
+	if s := text(t, ctx, "#refreshing"); s != "This page reloads every 10 s" {
+		t.Errorf("the reload says %q", s)
+	}
+	// The page is left alone from here: only its own reload can show these.
+	brokertest.Publish(t, dlq, deadLetter(work, "late-1", "customer not found", time.Now()), deadLetter(work, "late-2", "customer not found", time.Now()))
+	arrived := `p.arrived strong`
+	waitFor(t, ctx, "the page, reloaded, saying 2 arrived",
+		fmt.Sprintf(`document.readyState === "complete" && ((document.querySelector(%q) || {}).textContent || "") === "2 dead letters arrived since the snapshot"`, arrived))
+	if s := text(t, ctx, "p.snapinfo"); !strings.Contains(s, "10 of 10 messages") || !strings.Contains(s, "The queue holds 12 now") {
+		t.Errorf("the snapshot line says %q", s)
+	}
+	shot(t, ctx, "live")
+	// Look again: the arrivals are in the snapshot, and the page keeps
+	// reloading.
+	follow(t, ctx, `p.snapinfo`, chromedp.Click(`form[action="/look"] button`, chromedp.ByQuery))
+	if s := text(t, ctx, "p.snapinfo"); !strings.Contains(s, "12 of 12 messages") {
+		t.Errorf("after Look again: %q", s)
+	}
+	if n := eval[int](t, ctx, `document.querySelectorAll("p.arrived").length + (document.querySelector('meta[http-equiv="refresh"]') ? 0 : 10)`); n != 0 {
+		t.Errorf("after Look again: %d arrival lines, or the page stopped reloading", n)
+	}
+	follow(t, ctx, `p.live`, chromedp.Click(`#stop-refresh`, chromedp.ByQuery))
+	if n := eval[int](t, ctx, `document.querySelectorAll('meta[http-equiv="refresh"]').length`); n != 0 {
+		t.Errorf("stop left the reload on")
+	}
+}

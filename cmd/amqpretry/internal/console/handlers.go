@@ -207,6 +207,11 @@ type queueView struct {
 	MoreGroups int
 	Cost       string
 	Span       Span // the time its groups' charts share
+	// Arrived is how many more ready messages the queue holds now than
+	// the snapshot left it (its depth then, less what the console's
+	// actions took since): dead letters that arrived since; negative when
+	// something else took some.
+	Arrived int
 }
 
 // overviewGroup is a group on the overview, with its chart of failures over
@@ -225,7 +230,9 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 		ListErr string
 		By      GroupBy
 		Recent  []AuditEntry
-	}{By: by, Recent: c.audit.latest()}
+		Refresh int // seconds between reloads; 0: none
+		Every   []int
+	}{By: by, Recent: c.audit.latest(), Refresh: refreshOf(r), Every: refreshChoices}
 	if listErr != nil {
 		page.ListErr = c.redact(listErr.Error())
 	}
@@ -245,11 +252,33 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 			qv.Cost = CostNote(snap)
 			if d, err := c.Depth(ctx, q); err == nil {
 				qv.Depth = d
+				qv.Arrived = d - (snap.Depth - snap.Removed)
 			}
 		}
 		page.Queues = append(page.Queues, qv)
 	}
 	c.render.page(w, http.StatusOK, "overview", c.view(s, "Dead letters", page))
+}
+
+// Bounds on how often the overview reloads itself (?refresh=N): no more
+// often than every 5 s, at least every hour.
+const (
+	minRefresh = 5
+	maxRefresh = 3600
+)
+
+// refreshChoices are the intervals the overview offers.
+var refreshChoices = []int{10, 30, 60}
+
+// refreshOf is the overview's reload interval the request asks for, within
+// the bounds; 0 when it asks for none (or for something that is not a
+// number).
+func refreshOf(r *http.Request) int {
+	n, err := strconv.Atoi(r.FormValue("refresh"))
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return max(minRefresh, min(n, maxRefresh))
 }
 
 // withArchives is queues, each followed by its archive once a delete has

@@ -46,6 +46,7 @@ var funcs = template.FuncMap{
 	"hv":              escape.HeaderValue,
 	"cut":             cut,
 	"snip":            snip,
+	"neg":             func(n int) int { return -n },
 	"archive":         IsArchive,
 	"when":            when,
 	"num":             num,
