@@ -95,8 +95,11 @@ func (p *parkedList) settle(dd *delivery) {
 // when there is none.
 func (c *consumer) oldest(now int64) time.Duration {
 	var oldest int64 = math.MaxInt64
+	if n, at := c.ahead.aheadStats(); n > 0 {
+		oldest = at
+	}
 	if dd := c.current.Load(); dd != nil {
-		oldest = dd.received
+		oldest = min(oldest, dd.received)
 	}
 	c.parked.mu.Lock()
 	if dd := c.parked.first; dd != nil {
@@ -107,6 +110,49 @@ func (c *consumer) oldest(now int64) time.Duration {
 		return 0
 	}
 	return time.Duration(now - oldest)
+}
+
+// arrivals are the monotimes at which the oldest of a consumer's
+// deliveries in each state arrived, math.MaxInt64 for a state with none.
+type arrivals struct{ inFlight, prefetched, running, parked int64 }
+
+func noArrivals() arrivals {
+	return arrivals{math.MaxInt64, math.MaxInt64, math.MaxInt64, math.MaxInt64}
+}
+
+// arrivals looks at every delivery of c in flight, for Stats: those read
+// ahead; the reader's current one (running, or about to: in the chain
+// before its handler, or waiting for a slot); and the parked ones (running
+// off the reader, or waiting between attempts).
+func (c *consumer) arrivals(a *arrivals) {
+	if n, at := c.ahead.aheadStats(); n > 0 {
+		a.prefetched = min(a.prefetched, at)
+	}
+	if dd := c.current.Load(); dd != nil {
+		if dd.inHandler.Load() {
+			a.running = min(a.running, dd.received)
+		} else {
+			a.prefetched = min(a.prefetched, dd.received)
+		}
+	}
+	c.parked.mu.Lock()
+	for dd := c.parked.first; dd != nil; dd = dd.link.next {
+		if dd.inHandler.Load() {
+			a.running = min(a.running, dd.received)
+		} else {
+			a.parked = min(a.parked, dd.received)
+		}
+	}
+	c.parked.mu.Unlock()
+	a.inFlight = min(a.inFlight, a.prefetched, a.running, a.parked)
+}
+
+// age is how long ago, at now, the monotime at was; 0 for none.
+func age(now, at int64) time.Duration {
+	if at == math.MaxInt64 {
+		return 0
+	}
+	return time.Duration(now - at)
 }
 
 // aged returns the deliveries of c in flight for warnAt or longer that have

@@ -225,6 +225,14 @@ func (c *consumer) runBatch(run *batchRun) bool {
 	return c.runFailures(run)
 }
 
+// inHandler marks run's deliveries as in a handler call, or no longer, for
+// Stats' OldestRunning.
+func (run *batchRun) inHandler(on bool) {
+	for _, dd := range run.dds {
+		dd.inHandler.Store(on)
+	}
+}
+
 // callBatch runs the handler on run's batch under the consumer's gate and
 // returns one result per delivery of run (those past the redelivery limit
 // get nil: they did not run). A panic, or an error other than PerMessage's,
@@ -246,6 +254,8 @@ func (c *consumer) callBatch(ctx context.Context, run *batchRun) []error {
 					c.leave(start, n, false)
 				}
 			}()
+			run.inHandler(true)
+			defer run.inHandler(false)
 			err = c.invokeBatch(ctx, run.msgs)
 			returned = true
 		}()

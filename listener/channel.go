@@ -22,18 +22,18 @@ import (
 // pool has more than one slot: a slot is held while a handler runs and free
 // while a delivery waits between retries.
 type consumer struct {
-	sv         *supervisor
-	ch         *amqp.Channel
-	tag        string
-	deliveries <-chan amqp.Delivery
-	ended      chan<- *consumer
-	pending    sync.WaitGroup  // deliveries in flight, on any goroutine
-	ctx        context.Context // for its deliveries: cancelled when the channel dies or handlers time out
-	cancel     context.CancelFunc
-	handle     middleware.Handler // mw(gated(CatchPanics(h))); in batch mode, the chain of a failed delivery (batch.go)
-	b          *batchConsumer     // batch mode's state (batch.go); nil for a Handler
-	acks       *settler           // settles its deliveries on ch (coalesce.go)
-	spans      spanBuffers        // for startProcess, used by the current reader only
+	sv      *supervisor
+	ch      *amqp.Channel
+	tag     string
+	ahead   readAhead // its deliveries that arrived and were not taken in yet (readahead.go)
+	ended   chan<- *consumer
+	pending sync.WaitGroup  // deliveries in flight, on any goroutine
+	ctx     context.Context // for its deliveries: cancelled when the channel dies or handlers time out
+	cancel  context.CancelFunc
+	handle  middleware.Handler // mw(gated(CatchPanics(h))); in batch mode, the chain of a failed delivery (batch.go)
+	b       *batchConsumer     // batch mode's state (batch.go); nil for a Handler
+	acks    *settler           // settles its deliveries on ch (coalesce.go)
+	spans   spanBuffers        // for startProcess, used by the current reader only
 
 	consuming       atomic.Bool
 	stopping        atomic.Bool // the listener cancelled it: requeue what still arrives
@@ -119,6 +119,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 		forget:    forget,
 		finished:  make(chan struct{}),
 		spare:     make(chan struct{}),
+		ahead:     newReadAhead(),
 	}
 	select {
 	case <-sv.interrupt:
@@ -138,7 +139,7 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 	l.mu.Unlock()
 	l.tel.ActiveConsumers.Add(ctx, 1, l.attrs.queue.Add...)
 
-	c.deliveries, c.ended = deliveries, ended
+	c.ended = ended
 	c.acks.start(&sv.consumers)
 	// When the channel dies, its deliveries can no longer be settled (the
 	// broker has requeued them): cancel their handlers and waits at once,
@@ -184,6 +185,8 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 		}
 		cancel()
 	}()
+	sv.consumers.Add(1)
+	go c.readAheadFrom(deliveries)
 	c.spawnReader()
 	return c, nil
 }

@@ -81,6 +81,16 @@ type unsettled struct {
 	handled bool // its ack waits
 }
 
+// pending returns how many handled deliveries wait for their ack.
+func (s *settler) pending() int {
+	if s.max <= 1 {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.waiting
+}
+
 // errAbandoned is settle's answer once the broker has taken back the
 // channel's deliveries or the consumer has finished.
 var errAbandoned = errors.New("listener: the channel's unsettled deliveries went back to the broker")

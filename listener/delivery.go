@@ -47,6 +47,7 @@ type delivery struct {
 	fate *recovery // nil until its chain hands it to the recoverer, or it comes in a batch
 
 	reader     atomic.Bool  // its goroutine is still the consumer's reader
+	inHandler  atomic.Bool  // a handler call on it runs now (for Stats)
 	place      atomic.Int32 // unlisted, listed, settled
 	agedWarned atomic.Bool
 }

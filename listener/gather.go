@@ -57,11 +57,11 @@ func (c *consumer) readBatches(pending *batchRun) {
 func (c *consumer) collect() (run *batchRun, open bool) {
 	b := c.b
 	for run == nil {
-		d, ok := <-c.deliveries
+		d, at, ok := c.next()
 		if !ok {
 			return nil, false
 		}
-		if dd := c.admit(&d); dd != nil {
+		if dd := c.admit(&d, at); dd != nil {
 			run = &batchRun{c: c, dds: make([]*delivery, 0, b.size)}
 			run.add(dd)
 		}
@@ -72,16 +72,12 @@ func (c *consumer) collect() (run *batchRun, open bool) {
 	prefetch := int64(c.prefetch)
 	if b.wait == 0 {
 		for len(run.dds) < b.size && c.inFlight.Load() < prefetch {
-			select {
-			case d, ok := <-c.deliveries:
-				if !ok {
-					return run, false
-				}
-				if dd := c.admit(&d); dd != nil {
-					run.add(dd)
-				}
-			default:
-				return run, true
+			d, at, ok, closed := c.ahead.take()
+			if !ok {
+				return run, !closed
+			}
+			if dd := c.admit(&d, at); dd != nil {
+				run.add(dd)
 			}
 		}
 		return run, true
@@ -89,14 +85,18 @@ func (c *consumer) collect() (run *batchRun, open bool) {
 	b.timer.Reset(b.wait)
 	defer b.timer.Stop()
 	for len(run.dds) < b.size && c.inFlight.Load() < prefetch {
-		select {
-		case d, ok := <-c.deliveries:
-			if !ok {
-				return run, false
-			}
-			if dd := c.admit(&d); dd != nil {
+		d, at, ok, closed := c.ahead.take()
+		if ok {
+			if dd := c.admit(&d, at); dd != nil {
 				run.add(dd)
 			}
+			continue
+		}
+		if closed {
+			return run, false
+		}
+		select {
+		case <-c.ahead.ready: // one arrived (or the deliveries closed): take it
 		case <-b.timer.C:
 			return run, true
 		case <-c.interrupt: // shutdown or a trip: the batch goes back (enter refuses it)

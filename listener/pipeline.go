@@ -60,8 +60,12 @@ func (c *consumer) read() {
 // (true) or one of them goes on off the reader (false: another goroutine
 // reads now).
 func (c *consumer) readOn() (closed bool) {
-	for d := range c.deliveries {
-		dd := c.admit(&d)
+	for {
+		d, at, ok := c.next()
+		if !ok {
+			return true
+		}
+		dd := c.admit(&d, at)
 		if dd == nil {
 			continue
 		}
@@ -75,12 +79,12 @@ func (c *consumer) readOn() (closed bool) {
 		// Done with dd: a late WillWait on it (from a goroutine its handler
 		// left behind) finds reader false and starts no second reader.
 	}
-	return true
 }
 
-// admit takes in a delivery just read: it returns it in flight, or nil for
-// one that is not to be handled (nacked here, or left to the broker).
-func (c *consumer) admit(d *amqp.Delivery) *delivery {
+// admit takes in a delivery just read, which arrived at the monotime at: it
+// returns it in flight, or nil for one that is not to be handled (nacked
+// here, or left to the broker).
+func (c *consumer) admit(d *amqp.Delivery, at int64) *delivery {
 	if c.brokerCancelled.Load() {
 		// The broker has taken back every unacked delivery of this
 		// consumer (a 4.3 consumer timeout, or its queue is gone) and
@@ -135,7 +139,7 @@ func (c *consumer) admit(d *amqp.Delivery) *delivery {
 	}
 	c.pending.Add(1)
 	c.acks.received(d.DeliveryTag)
-	return &delivery{Delivery: *d, c: c, received: monotime(), id: d.MessageId, tag: d.DeliveryTag}
+	return &delivery{Delivery: *d, c: c, received: at, id: d.MessageId, tag: d.DeliveryTag}
 }
 
 // process runs one delivery through the chain and settles it.
@@ -185,15 +189,20 @@ func (c *consumer) gated(h middleware.Handler) middleware.Handler {
 		if err != nil {
 			return err
 		}
-		if pool.parallel() && c.b == nil {
-			if dd, ok := ctx.Value(chainctx.WaitHookKey).(*delivery); ok {
+		dd, _ := ctx.Value(chainctx.WaitHookKey).(*delivery)
+		if dd != nil {
+			if pool.parallel() && c.b == nil {
 				dd.WillWait()
 			}
+			dd.inHandler.Store(true) // for Stats' OldestRunning
 		}
 		returned := false
 		defer func() {
 			if !returned { // runtime.Goexit in the handler: free the slot for other deliveries
 				c.leave(start, 1, false)
+			}
+			if dd != nil {
+				dd.inHandler.Store(false)
 			}
 		}()
 		err = h(ctx, d)

@@ -17,13 +17,28 @@ type Stats struct {
 	// broker's consumer list shows for the listener.
 	Consumers int
 	Channels  int
-	InFlight  int    // received and not settled yet
-	Running   int    // in a handler now (in batch mode, the deliveries of the batches running)
-	Parked    int    // in flight but neither running nor queued for a consumer: waiting between retries
-	Handled   uint64 // acked: the chain returned nil (Recovered included); with WithAckCoalescing, as the acks are written
-	Failed    uint64 // chain returned an error: requeued or rejected
-	Requeued  uint64
-	Rejected  uint64
+	// What the listener holds from the broker, which is what the broker
+	// counts unacknowledged on its channels (with WithAckCoalescing, plus
+	// AcksPending): InFlight = Prefetched + Running + Parked.
+	//
+	// Prefetched arrived and has not started: queued behind the handlers
+	// (the prefetch at work), waiting for a handler slot, or collected for
+	// a batch that has not started. Running is in a handler now (in batch
+	// mode, the deliveries of the batches running). Parked is neither:
+	// between attempts (a backoff, a recoverer's publish, a requeue delay),
+	// holding no handler slot.
+	InFlight   int
+	Prefetched int
+	Running    int
+	Parked     int
+	// AcksPending counts handled deliveries whose ack waits to be written
+	// with others' (WithAckCoalescing): settled here, still unacknowledged
+	// at the broker until it is.
+	AcksPending int
+	Handled     uint64 // acked: the chain returned nil (Recovered included); with WithAckCoalescing, as the acks are written
+	Failed      uint64 // chain returned an error: requeued or rejected
+	Requeued    uint64
+	Rejected    uint64
 	// Recovered counts deliveries acked because the chain's recoverer put
 	// them somewhere else (a DLQ, a broker-side retry tier, a recoverer of
 	// your own); DeadLettered, those of them that went there for good: all
@@ -31,10 +46,15 @@ type Stats struct {
 	// Each dead letter is also logged, once, at warning level.
 	Recovered    uint64
 	DeadLettered uint64
-	// OldestInFlight is how long the oldest delivery in flight has been in
-	// the listener's hands; RabbitMQ closes the channel of one unsettled past
-	// its consumer_timeout, and the listener warns at 80% of it.
-	OldestInFlight time.Duration
+	// OldestInFlight is how long ago the oldest delivery in flight arrived:
+	// RabbitMQ closes the channel of one unsettled past its
+	// consumer_timeout, and the listener warns at 80% of it. The others are
+	// the same for the oldest of each state (0 when none is in it):
+	// OldestPrefetched, how long the oldest waiting to start has waited.
+	OldestInFlight   time.Duration
+	OldestPrefetched time.Duration
+	OldestRunning    time.Duration
+	OldestParked     time.Duration
 	// KillSwitch is the kill switch's state: "closed" (consuming),
 	// "tripped" or "probing"; "" without WithKillSwitch.
 	KillSwitch string
@@ -73,22 +93,30 @@ func (l *Listener) Stats() Stats {
 		s.LastConnectionError = errtext.String(l.ready.lastErr)
 	}
 	l.ready.mu.Unlock()
-	now := monotime()
+	oldest := noArrivals()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for c := range l.consumers {
-		s.OldestInFlight = max(s.OldestInFlight, c.oldest(now))
 		if c.consuming.Load() {
 			s.Channels++
 		}
+		c.arrivals(&oldest)
+		ahead, _ := c.ahead.aheadStats()
 		inFlight, running, waiting := int(c.inFlight.Load()), int(c.running.Load()), int(c.waiting.Load())
 		if c.b != nil {
 			waiting += int(c.b.collecting.Load()) // read, waiting for their batch to fill
 		}
-		s.InFlight += inFlight
+		s.Prefetched += ahead + waiting
 		s.Running += running
 		s.Parked += max(inFlight-running-waiting, 0)
+		s.AcksPending += c.acks.pending()
 	}
+	s.InFlight = s.Prefetched + s.Running + s.Parked
+	now := monotime() // after every arrival looked at
+	s.OldestInFlight = age(now, oldest.inFlight)
+	s.OldestPrefetched = age(now, oldest.prefetched)
+	s.OldestRunning = age(now, oldest.running)
+	s.OldestParked = age(now, oldest.parked)
 	if s.Channels > 0 {
 		s.Consumers = int(l.pool.limit.Load())
 	}

@@ -298,6 +298,26 @@ func Consumers(t testing.TB, queue string) int {
 	return inspect(t, queue).Consumers
 }
 
+// Unacked returns how many of a queue's messages the broker counts delivered
+// and not acknowledged yet (rabbitmqctl list_queues messages_unacknowledged,
+// which the queue answers itself, not from the statistics database).
+func Unacked(t testing.TB, queue string) int {
+	t.Helper()
+	out := Rabbitmqctl(t, "list_queues", "-q", "--no-table-headers", "name", "messages_unacknowledged")
+	for _, line := range strings.Split(out, "\n") {
+		name, count, ok := strings.Cut(strings.TrimSpace(line), "\t")
+		if ok && name == queue {
+			n, err := strconv.Atoi(strings.TrimSpace(count))
+			if err != nil {
+				t.Fatalf("rabbitmqctl list_queues: %q is not a count of %s's unacknowledged messages", count, queue)
+			}
+			return n
+		}
+	}
+	t.Fatalf("rabbitmqctl list_queues does not list %s:\n%s", queue, out)
+	return 0
+}
+
 // CloseConnections closes, from the broker's side, every connection whose
 // client-provided connection_name contains name, as an operator or a broker
 // restart would (320 CONNECTION_FORCED). It returns how many it closed.
