@@ -20,6 +20,7 @@ import (
 // backoff and not the dead one first, and the log names each node reached.
 // In order, the dead node is the first URL: dialing it first would show.
 func TestListenerMovesToAnotherNodeWhenItsNodeDies(t *testing.T) {
+	t.Parallel()
 	t.Run("shuffled", func(t *testing.T) { testMovesToAnotherNode(t) })
 	t.Run("in order", func(t *testing.T) { testMovesToAnotherNode(t, listener.WithURLsInOrder()) })
 }

@@ -115,6 +115,7 @@ func drain(t *testing.T, q string) []string {
 }
 
 func TestBatchFillsUpToItsSize(t *testing.T) {
+	t.Parallel()
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
 	publishN(t, q, 10)
@@ -563,6 +564,7 @@ func TestBatchRedeliveryLimit(t *testing.T) {
 // batch's messages come back to the queue (its handler's context ends), the
 // listener redials, and every message is written, none lost.
 func TestBatchConnectionKilledMidBatch(t *testing.T) {
+	t.Parallel()
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
 	publishN(t, q, 1000)

@@ -22,6 +22,7 @@ import (
 // trip, slowed by latency): its ack must not go out. The message is handled
 // again on its redelivery, and only that one is acked.
 func TestNothingSettledAfterAConsumerTimeoutCancel(t *testing.T) {
+	t.Parallel()
 	if !brokertest.AtLeast(t, 4, 3) {
 		t.Skip("RabbitMQ 4.3 cancels a consumer at its consumer timeout (earlier brokers close the channel)")
 	}

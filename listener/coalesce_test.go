@@ -81,6 +81,7 @@ func TestAckCoalescingDelayWritesWaitingAcks(t *testing.T) {
 // channel), they are handled again, and nothing is lost. Every message is
 // acked once in the end (Stats().Handled counts acks written).
 func TestAckCoalescingConnectionCutRedeliversAtMostNPerChannel(t *testing.T) {
+	t.Parallel()
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
 	proxy, url := brokertest.Proxy(t)

@@ -29,6 +29,7 @@ import (
 // same consumer too. 3.10 has only the global consumer_timeout, which a test
 // on a shared broker must not change.
 func TestSlowHandlerUnderAShortConsumerTimeoutLosesNothing(t *testing.T) {
+	t.Parallel()
 	if brokertest.Major(t) < 4 {
 		t.Skip("RabbitMQ 3.x applies no per-queue consumer timeout (3.10 ignores x-consumer-timeout); its global consumer_timeout is shared")
 	}

@@ -21,6 +21,7 @@ import (
 // middle of the run however fast the machine is (rabbitmqctl alone can take
 // longer than the whole run would).
 func TestConnectionKilledByTheBrokerResumes(t *testing.T) {
+	t.Parallel()
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
 	publishN(t, q, 3000)

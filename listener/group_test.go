@@ -163,6 +163,7 @@ func brokerConnectionMemory(t *testing.T) int64 {
 // the broker's memory for connections and channels. Logged, and asserted
 // only for the connection count: figures for docs/services.md.
 func TestGroupOfTwentyAgainstTwentyConnections(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("a measurement")
 	}

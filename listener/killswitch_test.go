@@ -24,6 +24,7 @@ import (
 // timeout, backs off while the outage lasts, and once it ends consumes
 // everything: the few failures before the trip on the DLQ, the rest handled.
 func TestKillSwitchStopsConsumingDuringAnOutage(t *testing.T) {
+	t.Parallel()
 	const n = 200
 	tests := []struct {
 		name       string

@@ -51,6 +51,7 @@ func TestEndToEndExactlyOnce(t *testing.T) {
 // Spring's blocking-retry case with one consumer: msg1 always fails and is
 // retried, msg2 is healthy. msg2 must not wait for msg1's retries.
 func TestHealthyMessagePassesARetryingOne(t *testing.T) {
+	t.Parallel()
 	q, dlx, dlq := brokertest.Name(t, "q"), brokertest.Name(t, "dlx"), brokertest.Name(t, "dlq")
 	brokertest.Queue(t, q, nil)
 	brokertest.Queue(t, dlq, nil)
@@ -92,6 +93,7 @@ func TestHealthyMessagePassesARetryingOne(t *testing.T) {
 }
 
 func TestPoisonWithoutRecovererDoesNotSpin(t *testing.T) {
+	t.Parallel()
 	q := brokertest.Name(t, "q")
 	brokertest.Queue(t, q, nil)
 	brokertest.Publish(t, q, amqp.Publishing{MessageId: "poison"})
@@ -265,6 +267,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 }
 
 func TestAccessRefusedIsFatal(t *testing.T) {
+	t.Parallel()
 	brokertest.Dial(t)
 	l, err := listener.New("q", nil, func(context.Context, *amqp.Delivery) error { return nil },
 		listener.WithURL(brokertest.WithCredentials("guest", "wrong-hunter2")), logTo(t, false))

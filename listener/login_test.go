@@ -39,6 +39,7 @@ func vhostOf(t *testing.T) (string, string) {
 // "access to vhost refused"): no redial can change either. The error unwraps
 // to the broker's answer and says what to do.
 func TestRefusedLoginEndsRun(t *testing.T) {
+	t.Parallel()
 	brokertest.Dial(t)
 	vhost, inVhost := vhostOf(t) // guest has no permission on it
 	missing, err := url.Parse(brokertest.URL())
@@ -107,6 +108,7 @@ func TestGroupRefusedLoginForTheVirtualHostEndsRun(t *testing.T) {
 // heals when connections close, so the listener redials, and consumes once
 // the limit allows it.
 func TestConnectionLimitIsRedialled(t *testing.T) {
+	t.Parallel()
 	vhost, inVhost := vhostOf(t)
 	brokertest.Rabbitmqctl(t, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
 	brokertest.Rabbitmqctl(t, "set_vhost_limits", "-p", vhost, `{"max-connections": 0}`)

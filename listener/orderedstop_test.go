@@ -60,6 +60,7 @@ func (h *handlings) ids(who string) []int {
 // has finished, and takes the rest in queue order. Messages keep arriving
 // during the shutdown, as they do in production.
 func TestSingleActiveShutdownHandsOverInOrder(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		typ      dlx.QueueType
 		coalesce bool // WithAckCoalescing: the acks that wait are written before the channel closes

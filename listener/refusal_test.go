@@ -59,6 +59,7 @@ func TestDeclareConflictThroughTheTopologyEndsRun(t *testing.T) {
 // backoff that grows because no connection gets as far as consuming; once
 // the exchange exists the listener consumes.
 func TestFailingDeclarationBacksOffAndHeals(t *testing.T) {
+	t.Parallel()
 	q := brokertest.Name(t, "q")
 	ex := brokertest.Name(t, "ex")
 	t.Cleanup(func() { brokertest.DeleteQueue(t, q) })

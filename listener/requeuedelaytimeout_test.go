@@ -23,6 +23,7 @@ import (
 // 1 s consumer timeout, each wait is cut to the time left: every failure is
 // a counted reject, and the broker dead-letters the message at its limit.
 func TestRequeueDelayFitsTheConsumerTimeout(t *testing.T) {
+	t.Parallel()
 	if !brokertest.AtLeast(t, 4, 3) {
 		t.Skip("x-consumer-timeout on basic.consume is RabbitMQ 4.3's (3.10 and 4.0 ignore it)")
 	}

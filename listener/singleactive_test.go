@@ -43,6 +43,7 @@ func sacTopology(t *testing.T, queue string, typ dlx.QueueType) dlx.Topology {
 // order on each side, the one in the dead process's hands handled twice at
 // most, none lost.
 func TestSingleActiveConsumerFailover(t *testing.T) {
+	t.Parallel()
 	if v := os.Getenv(sacChildEnv); v != "" {
 		runSACChild(t, v)
 		return
@@ -235,6 +236,7 @@ func peakConsumers(t *testing.T, r *running, s *seen, total int, publish func())
 // that more consumers add nothing there: it warns once, and under a backlog
 // that would grow it to its maximum elsewhere, it stays at one consumer.
 func TestSingleActiveDeclaredNeverScalesUp(t *testing.T) {
+	t.Parallel()
 	for _, typ := range []dlx.QueueType{dlx.Classic, dlx.Quorum} {
 		t.Run(string(typ), func(t *testing.T) {
 			topo := dlx.Topology{Queue: brokertest.Name(t, "orders"), Type: typ, SingleActiveConsumer: true}
@@ -266,6 +268,7 @@ func TestSingleActiveDeclaredNeverScalesUp(t *testing.T) {
 // each new channel as idle as the last). The same listener on an ordinary
 // queue grows to its maximum and says nothing.
 func TestSingleActiveObservedStopsScaling(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		typ       dlx.QueueType
@@ -279,6 +282,7 @@ func TestSingleActiveObservedStopsScaling(t *testing.T) {
 		{"quorum without single active consumer", dlx.Quorum, false, 4, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			var log testlog.Buffer
 			s := newSeen()
 			q := brokertest.Name(t, "q")
