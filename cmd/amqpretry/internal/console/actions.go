@@ -53,7 +53,7 @@ func (d Destination) option() (dlx.ReplayOption, error) {
 
 // Outcome is what an action did, for the page and the audit log.
 type Outcome struct {
-	Action      string // replay, delete (to the archive), restore, purge, outbox-retry
+	Action      string // replay, edit (an edited replay), delete (to the archive), restore, purge, outbox-retry
 	Queue       string
 	Destination string
 	Requested   int // messages (or rows) asked for; for a purge the queue's depth when it began
@@ -74,6 +74,8 @@ func (o Outcome) Summary() string {
 	switch o.Action {
 	case "replay":
 		s = fmt.Sprintf("replayed %d, %d left", o.Done, max(o.Left, 0))
+	case "edit":
+		s = fmt.Sprintf("replayed %d edited, %d left", o.Done, max(o.Left, 0))
 	case "delete":
 		s = fmt.Sprintf("archived %d to %s, %d left", o.Done, ArchiveOf(o.Queue), max(o.Left, 0))
 	case "restore":
@@ -168,7 +170,7 @@ func (sel Selection) Digest() string {
 // dlx.Replay: each is published, confirmed, then acked on queue. Each
 // replayed message keeps its history (dlx.ReplayKeepHistory).
 func (c *Console) Replay(ctx context.Context, queue string, sel Selection, dest Destination) Outcome {
-	return c.move(ctx, "replay", queue, sel, dest, "")
+	return c.move(ctx, "replay", queue, sel, dest, "", nil)
 }
 
 // Delete moves the messages sel selects on queue to its archive
@@ -178,21 +180,23 @@ func (c *Console) Replay(ctx context.Context, queue string, sel Selection, dest 
 // declared first if it is not there (Config.ArchiveType). Only Purge
 // deletes for good.
 func (c *Console) Delete(ctx context.Context, queue string, sel Selection, who string) Outcome {
-	return c.move(ctx, "delete", queue, sel, Destination{Kind: "queue", Queue: ArchiveOf(queue)}, who)
+	return c.move(ctx, "delete", queue, sel, Destination{Kind: "queue", Queue: ArchiveOf(queue)}, who, nil)
 }
 
 // Restore moves the messages sel selects on an archive back to the queue
 // each was archived from, without the archive's headers, through
 // dlx.Replay: confirmed, then acked on the archive.
 func (c *Console) Restore(ctx context.Context, archive string, sel Selection) Outcome {
-	return c.move(ctx, "restore", archive, sel, Destination{}, "")
+	return c.move(ctx, "restore", archive, sel, Destination{}, "", nil)
 }
 
-func (c *Console) move(ctx context.Context, action, queue string, sel Selection, dest Destination, who string) Outcome {
+// move runs action (replay, edit, delete or restore) on the messages sel
+// selects on queue, through dlx.Replay; edit is an edited replay's.
+func (c *Console) move(ctx context.Context, action, queue string, sel Selection, dest Destination, who string, edit *editRun) Outcome {
 	out := Outcome{Action: action, Queue: queue, Left: -1, Depth: -1, Time: time.Now()}
 	out.Requested = sel.Requested()
 	switch action {
-	case "replay", "delete":
+	case "replay", "edit", "delete":
 		out.Destination = dest.String()
 	case "restore":
 		out.Destination = "the queue each was archived from"
@@ -202,13 +206,14 @@ func (c *Console) move(ctx context.Context, action, queue string, sel Selection,
 		return out
 	}
 	opts := []dlx.ReplayOption{dlx.ReplayHeaderPrefix(c.prefix), dlx.ReplayLimit(out.Requested)}
-	pub, err := c.publisher()
+	confirmed, err := c.publisher()
 	if err != nil {
 		out.Err = err
 		return out
 	}
+	var pub recoverer.Publisher = confirmed
 	switch action {
-	case "replay":
+	case "replay", "edit":
 		opt, err := dest.option()
 		if err != nil {
 			out.Err = err
@@ -218,6 +223,9 @@ func (c *Console) move(ctx context.Context, action, queue string, sel Selection,
 			opts = append(opts, opt)
 		}
 		opts = append(opts, dlx.ReplayKeepHistory())
+		if edit != nil {
+			pub = editingPublisher{Publisher: pub, edit: edit.edit, prefix: c.prefix}
+		}
 	case "delete":
 		open := func() (*amqp.Channel, error) { ch, _, err := c.channel(ctx); return ch, err }
 		if err := DeclareArchive(open, queue, c.cfg.ArchiveType); err != nil {
@@ -239,7 +247,7 @@ func (c *Console) move(ctx context.Context, action, queue string, sel Selection,
 	opts = append(opts,
 		dlx.ReplayMatch(func(d *amqp.Delivery) bool {
 			k := Key(d)
-			if left[k] <= 0 || (sel.Group != nil && !sel.Group.Has(newMessage(*d, 0, c.prefix))) {
+			if left[k] <= 0 || (sel.Group != nil && !sel.Group.Has(newMessage(*d, 0, c.prefix))) || (edit != nil && contentDigest(d) != edit.digest) {
 				last = ""
 				return false
 			}

@@ -19,7 +19,7 @@ type AuditEntry struct {
 	Time   time.Time `json:"time"`
 	Who    string    `json:"who"`    // the name of the token the session was bought with
 	Remote string    `json:"remote"` // the client's address
-	Action string    `json:"action"` // replay, delete, purge, outbox-retry
+	Action string    `json:"action"` // replay, edit, delete, restore, purge, outbox-retry
 	Queue  string    `json:"queue,omitempty"`
 	// Group is the group acted on, when the action named one: its id and
 	// signature.
@@ -37,6 +37,8 @@ type AuditEntry struct {
 	Outcome           string   `json:"outcome"` // "ok" or "failed"
 	Summary           string   `json:"summary"`
 	Error             string   `json:"error,omitempty"`
+	// Edit is an edited replay's original, in full, and its edit.
+	Edit *AuditEdit `json:"edit,omitempty"`
 }
 
 // auditLog appends JSON lines to w, one at a time.

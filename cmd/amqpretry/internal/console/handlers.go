@@ -57,6 +57,8 @@ func (c *Console) routes() *http.ServeMux {
 	mux.Handle("GET /search", c.page(c.search))
 	mux.Handle("GET /outbox", c.page(c.outboxPage))
 	mux.Handle("GET /result", c.page(c.resultPage))
+	mux.Handle("GET /edit", c.page(c.editForm))
+	mux.Handle("POST /edit", c.change(c.editPost, false))
 	mux.Handle("POST /look", c.change(c.lookPost, true))
 	mux.Handle("POST /logout", c.change(c.logoutPost, true))
 	mux.Handle("POST /act", c.change(c.act, false))

@@ -30,7 +30,7 @@ var staticRoot embed.FS
 var staticFiles, _ = fs.Sub(staticRoot, "static")
 
 // pages are the templates, each rendered inside layout.html.
-var pages = []string{"login", "signedin", "overview", "group", "message", "confirm", "result", "outbox", "search", "error"}
+var pages = []string{"login", "signedin", "overview", "group", "message", "confirm", "result", "outbox", "search", "edit", "error"}
 
 // renderer renders pages. Text from messages reaches a template as it is
 // and goes through line, block or cut there, which escape it as the CLI
