@@ -35,17 +35,19 @@ const consoleUsage = `amqpretry console --queue DLQ [--queue DLQ...] | --queues-
 
 Serves a web page over dead-letter queues: their dead letters grouped by
 original queue, error type and exception message (numbers, UUIDs and hex ids
-collapsed), or by stack; a group's messages; one message in full. From it,
+collapsed), or by stack, each group with a chart of its failures over time;
+a group's messages; one message in full; a search over them all. From it,
 replay a message, the ticked ones or a group to their queue, their original
-exchange or another queue, delete them, or purge a queue (typing its name);
-each through dlx.Replay, confirmed before it leaves the DLQ. With --dsn it
-shows the outbox's failed rows too, with their retry.
+exchange or another queue, edit one message and replay it, delete them, or
+purge a queue (typing its name); each through dlx.Replay, confirmed before it
+leaves the DLQ. With --dsn it shows the outbox's failed rows too, with their
+retry.
 
 A look reads at most --limit messages with a consumer and hands them all
-back at once with one basic.nack(multiple, requeue). The page listens on 127.0.0.1:8080 and needs
-a token: a random one is printed at start, with the address that signs in
-with it; a --listen beyond this machine needs --tokens. Every action is a
-line of --audit-log. docs/console.md tells the rest.`
+back at once with one basic.nack(multiple, requeue). The page listens on
+127.0.0.1:8080 and needs a token: a random one is printed at start, with the
+address that signs in with it; a --listen beyond this machine needs --tokens.
+Every action is a line of --audit-log. docs/console.md tells the rest.`
 
 // runConsole runs "console": the web console (package console) until ctx
 // ends.

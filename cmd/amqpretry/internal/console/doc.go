@@ -1,8 +1,11 @@
 // Package console serves `amqpretry console`: a web page over one or more
-// dead-letter queues that groups their dead letters by cause, shows each in
-// full, and replays them, deletes them to the queue's archive
-// (QUEUE.archive, from which the archive's pages restore them) or purges a
-// queue for good, through dlx.Replay.
+// dead-letter queues that groups their dead letters by cause, charts each
+// group's failures over time (Span, drawn as inline SVG), searches them
+// (Search), shows each in full, and replays them (one edited, if need be:
+// EditAndReplay), deletes them to the queue's archive (QUEUE.archive, from
+// which the archive's pages restore them) or purges a queue for good,
+// through dlx.Replay. The overview says what arrived since its snapshot and
+// reloads itself when asked (a meta refresh).
 //
 // Looking never harms: a look takes a bounded snapshot with a consumer
 // (prefetch bounded by the limit) and hands every message back with one
