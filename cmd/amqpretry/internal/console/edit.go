@@ -97,8 +97,12 @@ func isAppHeader(k, prefix string) bool {
 // of them.
 func jsonable(v any) bool {
 	switch v := v.(type) {
-	case string, bool, int8, int16, int32, int64, int, uint8, uint16, uint32, float32, float64:
+	case string, bool, int8, int16, int32, int64, int, uint8, uint16, uint32:
 		return true
+	case float32:
+		return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0)
+	case float64:
+		return !math.IsNaN(v) && !math.IsInf(v, 0)
 	case amqp.Table:
 		for _, x := range v {
 			if !jsonable(x) {
@@ -423,15 +427,44 @@ type AuditEdit struct {
 
 func auditEdit(d *amqp.Delivery, edit Edit) *AuditEdit {
 	sum := sha256.Sum256(d.Body)
-	a := &AuditEdit{OriginalHeaders: map[string]any(d.Headers), OriginalContentType: d.ContentType,
-		OriginalDigest: hex.EncodeToString(sum[:]), EditedBody: string(edit.Body), EditedHeaders: map[string]any(edit.Headers)}
+	a := &AuditEdit{OriginalHeaders: auditTable(d.Headers), OriginalContentType: d.ContentType,
+		OriginalDigest: hex.EncodeToString(sum[:]), EditedBody: string(edit.Body), EditedHeaders: auditTable(edit.Headers)}
 	if utf8.Valid(d.Body) {
 		a.OriginalBody, a.OriginalBodyEncoding = string(d.Body), "utf-8"
 	} else {
 		a.OriginalBody, a.OriginalBodyEncoding = base64.StdEncoding.EncodeToString(d.Body), "base64"
 	}
-	if a.OriginalHeaders == nil {
-		a.OriginalHeaders = map[string]any{}
-	}
 	return a
+}
+
+// auditTable is h as an audit line holds it: what JSON cannot (a NaN or an
+// infinite float) as fmt prints it, so that the line is always written.
+func auditTable(h amqp.Table) map[string]any {
+	out := make(map[string]any, len(h))
+	for k, v := range h {
+		out[k] = auditValue(v)
+	}
+	return out
+}
+
+func auditValue(v any) any {
+	switch v := v.(type) {
+	case float32:
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Sprint(v)
+		}
+	case float64:
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Sprint(v)
+		}
+	case amqp.Table:
+		return auditTable(v)
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = auditValue(x)
+		}
+		return out
+	}
+	return v
 }

@@ -3,6 +3,7 @@ package console
 import (
 	"encoding/base64"
 	"encoding/json"
+	"math"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -112,12 +113,13 @@ func TestEditBinaryBodyAndStaleForm(t *testing.T) {
 	topo := topology(t)
 	bin := []byte{0xff, 0xfe, 0x00, 0x01}
 	brokertest.Publish(t, topo.DLQ(), amqp.Publishing{MessageId: "bin", ContentType: "application/octet-stream", Body: bin,
-		Headers: amqp.Table{"x-amqpretry-original-queue": topo.Queue, "stamp": amqp.Decimal{Scale: 1, Value: 5}}})
+		Headers: amqp.Table{"x-amqpretry-original-queue": topo.Queue, "stamp": amqp.Decimal{Scale: 1, Value: 5}, "tenant": "acme"}})
 	s := serve(t, Config{Queues: []string{topo.DLQ()}})
 	c := s.signIn(t)
 	_, _ = c.get("/")
 	_, body := c.get("/edit?q=" + url.QueryEscape(topo.DLQ()) + "&k=id:bin")
-	if !strings.Contains(body, "not UTF-8 text (4 bytes)") || !strings.Contains(body, "<code>stamp</code>") {
+	if !strings.Contains(body, "not UTF-8 text (4 bytes)") || !strings.Contains(body, "<code>stamp</code>") ||
+		!strings.Contains(body, "&#34;tenant&#34;: &#34;acme&#34;") {
 		t.Errorf("the form for a binary body:\n%s", body)
 	}
 	form := url.Values{"q": {topo.DLQ()}, "k": {"id:bin"}, "digest": {"0123"}, "body": {"text now"}, "headers": {"{}"}, "to": {"original"}, "confirm": {"yes"}}
@@ -129,13 +131,14 @@ func TestEditBinaryBodyAndStaleForm(t *testing.T) {
 		t.Fatalf("%s\n%s", resp.Status, body)
 	}
 	d, _ := brokertest.Get(t, brokertest.Channel(t, brokertest.Dial(t)), topo.Queue)
-	if string(d.Body) != "text now" || d.Headers["stamp"] == nil {
+	if string(d.Body) != "text now" || d.Headers["stamp"] == nil || d.Headers["tenant"] != nil {
 		t.Errorf("the copy: %q %v", d.Body, d.Headers)
 	}
 	lines := strings.Split(strings.TrimSpace(s.audit.String()), "\n")
 	var entry AuditEntry
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &entry); err != nil || entry.Edit == nil ||
-		entry.Edit.OriginalBodyEncoding != "base64" || entry.Edit.OriginalBody != base64.StdEncoding.EncodeToString(bin) {
+		entry.Edit.OriginalBodyEncoding != "base64" || entry.Edit.OriginalBody != base64.StdEncoding.EncodeToString(bin) ||
+		entry.Edit.OriginalHeaders["tenant"] != "acme" {
 		t.Errorf("audit (%v): %s", err, lines[len(lines)-1])
 	}
 }
@@ -177,5 +180,20 @@ func TestEditRefusals(t *testing.T) {
 	}
 	if d, w := brokertest.Depth(t, topo.DLQ()), brokertest.Depth(t, topo.Queue); d != 10 || w != 0 {
 		t.Errorf("DLQ %d, work %d after the refusals", d, w)
+	}
+}
+
+// A float JSON cannot carry (RabbitMQ 3.10 refuses to take one, other
+// brokers and clients may not) is kept as it is by an edit, and written as
+// text in the audit line.
+func TestEditKeepsWhatJSONCannotCarry(t *testing.T) {
+	h := amqp.Table{"ratio": math.NaN(), "big": math.Inf(1), "n": int64(3), "nested": amqp.Table{"x": math.NaN()}, "at": amqp.Decimal{Scale: 1, Value: 5}}
+	editable, kept := appHeaders(h, "x-amqpretry-")
+	if len(editable) != 1 || editable["n"] != int64(3) || len(kept) != 4 {
+		t.Errorf("editable %v, kept %v", editable, kept)
+	}
+	line, err := json.Marshal(auditTable(h))
+	if err != nil || !strings.Contains(string(line), `"ratio":"NaN"`) || !strings.Contains(string(line), `"nested":{"x":"NaN"}`) {
+		t.Errorf("audit: %s, %v", line, err)
 	}
 }
