@@ -167,13 +167,27 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 	}
 	defer p.leave()
 
-	exceptions, sendFailures := 0, 0
-	sent := false // a send went out: the broker may hold the message
-	solo := false // send it alone, on the solo channel
+	return p.deliver(ctx, exchange, key, &msg, &tries{})
+}
+
+// tries is what one message's publishing has been through so far: the
+// state that decides, after each attempt, whether to send it again.
+type tries struct {
+	exceptions   int  // channel exceptions it was lost in
+	sendFailures int  // sends that failed in the socket
+	sent         bool // a send went out: the broker may hold the message
+	solo         bool // the attempt under way is (the next is to be) alone, on the solo channel
+}
+
+// deliver publishes msg until its outcome is known: the loop of picking a
+// channel, sending and awaiting the confirm, sending again when the channel
+// is lost. Publish runs it from the start; an async publish whose channel
+// was lost runs it from where the first send left t.
+func (p *Publisher) deliver(ctx context.Context, exchange, key string, msg *amqp.Publishing, t *tries) error {
 	for {
 		var cc *confirmChannel
 		var err error
-		if solo {
+		if t.solo {
 			cc, err = p.takeSolo(ctx, exchange, key)
 			if err == nil {
 				p.suspectRounds.Add(1)
@@ -182,57 +196,77 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 			cc, err = p.pickChannel(ctx, exchange, key)
 		}
 		if err != nil {
-			if sent && err == ErrClosed {
-				// Closed while a copy sent before was unconfirmed: it may
-				// be stored, and a caller that publishes again on
-				// ErrNotConfirmed must know that.
-				return &notConfirmedError{exchange: exchange, key: key, cause: ErrClosed}
-			}
-			return err
+			return t.noChannel(exchange, key, err)
 		}
-		f, err := cc.send(ctx, exchange, key, &msg, p.mandatory(ctx))
-		if lost, ok := errtree.As[*channelLostError](err); f != nil || (ok && lost.sendErr != nil) {
-			sent = true // (a write that failed may have gone out in part or whole)
-		}
+		f, err := cc.send(ctx, exchange, key, msg, p.mandatory(ctx))
+		t.noteSend(f, err)
 		if err == nil {
 			err = p.await(ctx, cc, f)
 		}
-		if solo {
+		if t.solo {
 			<-p.soloSlot
 		}
 		if err == nil {
 			return nil
 		}
-		lost, isLost := errtree.As[*channelLostError](err) // errors.As's target would be allocated on every publish
-		switch {
-		case ctx.Err() != nil:
-			return &notConfirmedError{exchange: exchange, key: key, cause: ctx.Err()}
-		case isLost:
-			// Lost with its channel: publish again, on a new channel if need
-			// be. An exception on the solo channel, where this message was
-			// alone, is this message's doing. One that the broker's text pins
-			// on no message went to the isolator, which gives this message
-			// its outcome; it comes back here unsearched only if the
-			// connection was going, and is then sent again alone; a
-			// message whose channels keep closing under it, each time blamed
-			// on another, is sent alone too, so it is never sent more than a
-			// few times.
-			if isChannelException(lost.cause) {
-				if solo {
-					return &ChannelError{Exchange: exchange, Code: lost.cause.Code, Reason: lost.cause.Reason}
-				}
-				if exceptions++; !lost.attributed || exceptions >= maxAttributedExceptions {
-					solo = true
-				}
-			}
-			if lost.sendErr != nil {
-				if sendFailures++; sendFailures > maxSendFailures {
-					return &notConfirmedError{exchange: exchange, key: key, cause: lost.sendErr}
-				}
-			}
-		default:
-			return err
+		if final, again := t.after(ctx, exchange, key, err); !again {
+			return final
 		}
+	}
+}
+
+// noChannel is the outcome when no channel could be had.
+func (t *tries) noChannel(exchange, key string, err error) error {
+	if t.sent && err == ErrClosed {
+		// Closed while a copy sent before was unconfirmed: it may be
+		// stored, and a caller that publishes again on ErrNotConfirmed must
+		// know that.
+		return &notConfirmedError{exchange: exchange, key: key, cause: ErrClosed}
+	}
+	return err
+}
+
+// noteSend notes a send that went out (a write that failed may have gone out
+// in part or whole).
+func (t *tries) noteSend(f *inflight, err error) {
+	if lost, ok := errtree.As[*channelLostError](err); f != nil || (ok && lost.sendErr != nil) {
+		t.sent = true
+	}
+}
+
+// after decides, from an attempt's error, whether to send the message again
+// (again) or what the publish returns (final).
+func (t *tries) after(ctx context.Context, exchange, key string, err error) (final error, again bool) {
+	lost, isLost := errtree.As[*channelLostError](err) // errors.As's target would be allocated on every publish
+	switch {
+	case ctx.Err() != nil:
+		return &notConfirmedError{exchange: exchange, key: key, cause: ctx.Err()}, false
+	case isLost:
+		// Lost with its channel: publish again, on a new channel if need
+		// be. An exception on the solo channel, where this message was
+		// alone, is this message's doing. One that the broker's text pins
+		// on no message went to the isolator, which gives this message
+		// its outcome; it comes back here unsearched only if the
+		// connection was going, and is then sent again alone; a
+		// message whose channels keep closing under it, each time blamed
+		// on another, is sent alone too, so it is never sent more than a
+		// few times.
+		if isChannelException(lost.cause) {
+			if t.solo {
+				return &ChannelError{Exchange: exchange, Code: lost.cause.Code, Reason: lost.cause.Reason}, false
+			}
+			if t.exceptions++; !lost.attributed || t.exceptions >= maxAttributedExceptions {
+				t.solo = true
+			}
+		}
+		if lost.sendErr != nil {
+			if t.sendFailures++; t.sendFailures > maxSendFailures {
+				return &notConfirmedError{exchange: exchange, key: key, cause: lost.sendErr}, false
+			}
+		}
+		return nil, true
+	default:
+		return err, false
 	}
 }
 
