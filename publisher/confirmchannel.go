@@ -54,6 +54,14 @@ type confirmChannel struct {
 	sendDone <-chan struct{} // the context of the latest send: see abandonedSend
 	dead     atomic.Bool     // set under mu; read without it by pickChannel
 
+	// expiring holds the async publishes sent on the channel, in the order
+	// sent, so in the order of their confirm deadlines (one confirm timeout
+	// for all): the watcher fails the oldest still pending when expiry
+	// fires. Guarded by mu; settled ones are dropped from the front as
+	// confirms come, in the same order.
+	expiring []*inflight
+	expiry   *time.Timer // armed whenever expiring is not empty
+
 	done chan struct{} // closed when the watcher has exited
 }
 
@@ -69,8 +77,24 @@ type inflight struct {
 	msg           *amqp.Publishing // as sent, for the isolator to send again
 	mandatory     bool
 	returned      *amqp.Return
-	result        chan error  // receives exactly one outcome
+	result        chan error  // receives exactly one outcome (a Publish's send)
 	abandoned     atomic.Bool // its caller stopped waiting: not worth sending again
+
+	// An async publish's send has no result channel: its outcome goes to
+	// async, once (answered), from whichever comes first: the confirm, the
+	// channel's death, the isolator, the confirm deadline or the context.
+	async    *publication
+	answered atomic.Bool
+	deadline time.Time // sent + the confirm timeout
+}
+
+// finish gives the send its outcome.
+func (f *inflight) finish(err error) {
+	if f.async != nil {
+		f.async.outcome(f, err)
+		return
+	}
+	f.result <- err
 }
 
 // matches reports whether r may be f's return: same destination, ids and
@@ -187,6 +211,8 @@ func openConfirmChannel(conn *amqp.Connection, died chan<- *confirmChannel, isol
 		return nil, err
 	}
 	cc := &confirmChannel{ch: ch, pending: make(map[uint64]*inflight), done: make(chan struct{}), sendSlot: make(chan struct{}, 1), isolate: isolate}
+	cc.expiry = time.NewTimer(time.Hour)
+	cc.expiry.Stop()
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 256))
 	returns := ch.NotifyReturn(make(chan amqp.Return, 1024))
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
@@ -200,8 +226,10 @@ func openConfirmChannel(conn *amqp.Connection, died chan<- *confirmChannel, isol
 	return cc, nil
 }
 
-// send publishes msg and registers it before the broker can answer.
-func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *amqp.Publishing, mandatory bool) (*inflight, error) {
+// send publishes msg and registers it before the broker can answer. With
+// pub, it is an async publish's send: its outcome goes to pub, and the
+// watcher fails it at its confirm deadline.
+func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *amqp.Publishing, mandatory bool, pub *publication) (*inflight, error) {
 	select {
 	case cc.sendSlot <- struct{}{}:
 	case <-ctx.Done():
@@ -216,7 +244,10 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 		messageID: msg.MessageId, correlationID: msg.CorrelationId, userID: msg.UserId, expiration: msg.Expiration,
 		headers: msg.Headers,
 		msg:     msg, mandatory: mandatory,
-		result: make(chan error, 1),
+		async: pub,
+	}
+	if pub == nil {
+		f.result = make(chan error, 1)
 	}
 	cc.mu.Lock()
 	if cc.dead.Load() {
@@ -232,6 +263,11 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 	cc.sendingSince.Store(0)
 	if err != nil {
 		cc.forget(tag)
+		if pub != nil && !f.answered.CompareAndSwap(false, true) {
+			// The channel died under the send and gave f its outcome,
+			// which pub has taken: that is the one it acts on.
+			return f, nil
+		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err() // checked before sending: nothing went out
 		}
@@ -243,7 +279,65 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 		return nil, &channelLostError{sendErr: err}
 	}
 	cc.published = tag
+	if pub != nil {
+		cc.expireLater(f, pub.p.cfg.confirmTimeout)
+	}
 	return f, nil
+}
+
+// expireLater queues f, just sent, to be failed if no confirm comes within
+// timeout. Sends are serialised (sendSlot), so the queue stays in the order
+// of the deadlines.
+func (cc *confirmChannel) expireLater(f *inflight, timeout time.Duration) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	f.deadline = time.Now().Add(timeout)
+	if cc.dead.Load() {
+		return // die has taken the pending, f with them if it was still there
+	}
+	if len(cc.expiring) == 0 {
+		cc.expiry.Reset(timeout)
+	}
+	cc.expiring = append(cc.expiring, f)
+}
+
+// expire fails the async publishes whose confirm deadline has passed and
+// arms expiry for the next.
+func (cc *confirmChannel) expire() {
+	now := time.Now()
+	var expired []*inflight
+	cc.mu.Lock()
+	for len(cc.expiring) > 0 {
+		f := cc.expiring[0]
+		pending := cc.pending[f.tag] == f
+		if pending && now.Before(f.deadline) {
+			cc.expiry.Reset(f.deadline.Sub(now))
+			break
+		}
+		cc.expiring[0] = nil
+		cc.expiring = cc.expiring[1:]
+		if pending {
+			delete(cc.pending, f.tag)
+			expired = append(expired, f)
+		}
+	}
+	cc.mu.Unlock()
+	for _, f := range expired {
+		f.abandoned.Store(true)
+		f.finish(f.async.timedOut())
+	}
+}
+
+// dropSettled drops the settled publishes from the front of expiring; mu is
+// held.
+func (cc *confirmChannel) dropSettled() {
+	for len(cc.expiring) > 0 && cc.pending[cc.expiring[0].tag] != cc.expiring[0] {
+		cc.expiring[0] = nil
+		cc.expiring = cc.expiring[1:]
+	}
+	if len(cc.expiring) == 0 {
+		cc.expiring = nil // let go of the array and what it held
+	}
 }
 
 // stalledFor is how long the send in progress has been stuck, or 0.
@@ -315,8 +409,11 @@ func (cc *confirmChannel) watch(confirms <-chan amqp.Confirmation, returns <-cha
 				continue
 			}
 			closeErr = e
+		case <-cc.expiry.C:
+			cc.expire()
 		}
 	}
+	cc.expiry.Stop()
 	cc.die(closeErr)
 }
 
@@ -338,17 +435,20 @@ func (cc *confirmChannel) settle(c amqp.Confirmation) {
 	cc.mu.Lock()
 	f := cc.pending[c.DeliveryTag]
 	delete(cc.pending, c.DeliveryTag)
+	if f != nil && f.async != nil {
+		cc.dropSettled()
+	}
 	cc.mu.Unlock()
 	if f == nil {
 		return // its caller gave up
 	}
 	switch {
 	case !c.Ack:
-		f.result <- fmt.Errorf("%w: exchange %q, routing key %q", ErrNacked, f.exchange, f.key)
+		f.finish(fmt.Errorf("%w: exchange %q, routing key %q", ErrNacked, f.exchange, f.key))
 	case f.returned != nil:
-		f.result <- &UnroutableError{Exchange: f.exchange, RoutingKey: f.key, ReplyCode: f.returned.ReplyCode, ReplyText: f.returned.ReplyText}
+		f.finish(&UnroutableError{Exchange: f.exchange, RoutingKey: f.key, ReplyCode: f.returned.ReplyCode, ReplyText: f.returned.ReplyText})
 	default:
-		f.result <- nil
+		f.finish(nil)
 	}
 }
 
@@ -387,20 +487,21 @@ func (cc *confirmChannel) die(closeErr *amqp.Error) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	cc.dead.Store(true)
+	cc.expiring = nil
 	var innocent []*inflight
 	attributed := false
 	for tag, f := range cc.pending {
 		delete(cc.pending, tag)
 		switch {
 		case closeErr == nil:
-			f.result <- &channelLostError{}
+			f.finish(&channelLostError{})
 		case closeErr.Code == amqp.NotFound && strings.Contains(closeErr.Reason, "exchange '"+f.exchange+"'"):
-			f.result <- &ExchangeNotFoundError{Exchange: f.exchange, Reason: closeErr.Reason}
+			f.finish(&ExchangeNotFoundError{Exchange: f.exchange, Reason: closeErr.Reason})
 			attributed = true
 		case closeErr.Code == amqp.PreconditionFailed && f.userID != "" && strings.Contains(closeErr.Reason, "user_id property set to '"+f.userID+"'"),
 			closeErr.Code == amqp.PreconditionFailed && f.expiration != "" && strings.Contains(closeErr.Reason, "invalid expiration '"+f.expiration+"'"),
 			closeErr.Code == amqp.PreconditionFailed && strings.Contains(closeErr.Reason, "message size "+strconv.Itoa(len(f.body))+" is larger than"):
-			f.result <- &ChannelError{Exchange: f.exchange, Code: closeErr.Code, Reason: closeErr.Reason}
+			f.finish(&ChannelError{Exchange: f.exchange, Code: closeErr.Code, Reason: closeErr.Reason})
 			attributed = true
 		default:
 			innocent = append(innocent, f)
@@ -409,12 +510,17 @@ func (cc *confirmChannel) die(closeErr *amqp.Error) {
 	if len(innocent) > 0 && !attributed && isChannelException(closeErr) && cc.isolate != nil {
 		// In the order they were sent, for a search a reader can follow.
 		slices.SortFunc(innocent, func(a, b *inflight) int { return cmp.Compare(a.tag, b.tag) })
+		for _, f := range innocent {
+			if f.async != nil {
+				f.async.expireAt(f) // as a Publish's await would, while the isolator searches
+			}
+		}
 		if cc.isolate(innocent) {
 			return
 		}
 	}
 	for _, f := range innocent {
-		f.result <- &channelLostError{cause: closeErr, attributed: attributed}
+		f.finish(&channelLostError{cause: closeErr, attributed: attributed})
 	}
 }
 

@@ -26,6 +26,20 @@
 // records nothing (no SDK set) and the context carries no span, no span is
 // started, as in the listener; the context's baggage is still written.
 //
+// # Many messages in flight: PublishAsync
+//
+// A caller with many messages to publish (a relay, a recoverer) need not
+// park a goroutine per message on its confirm: PublishAsync returns once the
+// message is sent and calls a done func with what Publish would have
+// returned, after the same re-sends. An error from PublishAsync itself means
+// nothing was sent, and done is then never called; otherwise done is called
+// exactly once, on the Publisher's completion goroutine, one call at a time:
+// keep it quick and hand heavy work off. The confirm timeout runs per
+// channel, from one timer that fails the oldest unconfirmed first; at most
+// WithMaxInFlight async publishes await their outcome at once, and past that
+// PublishAsync waits for room. Close calls every done still owed before it
+// returns.
+//
 // # A message the broker would refuse
 //
 // RabbitMQ refuses some messages by closing the channel they came on, which

@@ -148,7 +148,7 @@ func (iso *isolator) try(rounds *searchRounds, depth int, group []*inflight) {
 		// other message sent on it was confirmed or failed for a reason
 		// of its own, so the exception is this one's.
 		f := suspects[0]
-		f.result <- &ChannelError{Exchange: f.exchange, Code: cause.Code, Reason: cause.Reason}
+		f.finish(&ChannelError{Exchange: f.exchange, Code: cause.Code, Reason: cause.Reason})
 		suspects = nil
 	}
 	// Messages the closing channel kept from being sent were not tested:
@@ -156,7 +156,7 @@ func (iso *isolator) try(rounds *searchRounds, depth int, group []*inflight) {
 	// none of the group went out (then the connection is failing).
 	if len(unsent) == len(live) {
 		for _, f := range unsent {
-			f.result <- &channelLostError{}
+			f.finish(&channelLostError{})
 		}
 		unsent = nil
 	}
@@ -173,7 +173,7 @@ func (iso *isolator) try(rounds *searchRounds, depth int, group []*inflight) {
 func (iso *isolator) round(group []*inflight) (suspects, unsent []*inflight, cause *amqp.Error) {
 	lost := func(fs []*inflight) {
 		for _, f := range fs {
-			f.result <- &channelLostError{}
+			f.finish(&channelLostError{})
 		}
 	}
 	select {
@@ -196,7 +196,7 @@ func (iso *isolator) round(group []*inflight) (suspects, unsent []*inflight, cau
 	}
 	sent := make([]*inflight, len(group)) // the copy sent on cc
 	for i, f := range group {
-		g, err := cc.send(iso.ctx, f.exchange, f.key, f.msg, f.mandatory)
+		g, err := cc.send(iso.ctx, f.exchange, f.key, f.msg, f.mandatory, nil)
 		if err == nil {
 			sent[i] = g
 			continue
@@ -206,9 +206,9 @@ func (iso *isolator) round(group []*inflight) (suspects, unsent []*inflight, cau
 			continue
 		}
 		if le, ok := errtree.As[*channelLostError](err); ok {
-			f.result <- le
+			f.finish(le)
 		} else {
-			f.result <- &channelLostError{} // iso.ctx ended: nothing went out
+			f.finish(&channelLostError{}) // iso.ctx ended: nothing went out
 		}
 	}
 
@@ -241,7 +241,7 @@ func (iso *isolator) round(group []*inflight) (suspects, unsent []*inflight, cau
 			suspects, cause = append(suspects, f), le.cause
 			continue
 		}
-		f.result <- err // confirmed, returned, nacked, failed by name, or lost
+		f.finish(err) // confirmed, returned, nacked, failed by name, or lost
 	}
 	return suspects, unsent, cause
 }

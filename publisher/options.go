@@ -20,6 +20,7 @@ type config struct {
 	logger         *slog.Logger
 	conn           amqpconn.Config // New sets URLs
 	closeTimeout   time.Duration
+	maxInFlight    int
 	mandatory      bool
 	impersonate    bool
 	telemetry      telemetry.Config
@@ -41,6 +42,7 @@ func defaultConfig() config {
 			Name:        "amqpretry publisher",
 		},
 		closeTimeout: 5 * time.Second,
+		maxInFlight:  1024,
 		mandatory:    true,
 	}
 }
@@ -159,3 +161,18 @@ func WithImpersonation() Option { return func(cfg *config) { cfg.impersonate = t
 // events that may have no subscriber yet. WithMandatoryContext decides per
 // call; recoverers and the outbox relay always ask for mandatory.
 func WithMandatory(mandatory bool) Option { return func(cfg *config) { cfg.mandatory = mandatory } }
+
+// WithMaxInFlight bounds how many async publishes (PublishAsync) may await
+// their outcome at once: past it, PublishAsync waits for one to finish (its
+// done to return), until its context ends, rather than buffer without
+// limit. Publish is not counted: each caller waits for its own. Default
+// 1024, enough to keep a few channels' confirms pipelined across a network
+// round trip.
+func WithMaxInFlight(n int) Option {
+	return func(cfg *config) {
+		if n < 1 {
+			cfg.fail("WithMaxInFlight expects at least 1, got %d", n)
+		}
+		cfg.maxInFlight = n
+	}
+}

@@ -45,9 +45,18 @@ type Publisher struct {
 	suspectRounds atomic.Int64
 	searching     atomic.Int64
 
+	// Async publishes (PublishAsync): room holds a token per publish
+	// awaiting its outcome (WithMaxInFlight); completions calls their done
+	// funcs; asyncLive counts those whose done has not returned yet, and
+	// resends the goroutines sending again a message lost with its channel.
+	room        chan struct{}
+	completions *completer
+	asyncLive   sync.WaitGroup
+	resends     sync.WaitGroup
+
 	mu       sync.Mutex
 	closed   bool          // no new publishes
-	active   int           // publishes in progress
+	active   int           // publishes in progress, sync and async
 	idle     chan struct{} // closed when active reaches 0 after closed
 	lastLoss error         // the latest connection problem, for error messages
 
@@ -121,6 +130,7 @@ func New(url string, opts ...Option) (*Publisher, error) {
 		idle:     make(chan struct{}),
 		tel:      telemetry.New(cfg.telemetry),
 		soloSlot: make(chan struct{}, 1),
+		room:     make(chan struct{}, cfg.maxInFlight),
 	}
 	p.closing, p.cancel = context.WithCancel(context.Background())
 	p.channels.Store(&channelSet{changed: make(chan struct{})})
@@ -145,6 +155,7 @@ func New(url string, opts ...Option) (*Publisher, error) {
 	cfg.logger.Info("publisher: connected", "url", conn.RedactedURL)
 	p.wg.Add(1)
 	go p.run(conn, channels, died, iso)
+	p.completions = p.startCompleter()
 	return p, nil
 }
 
@@ -198,7 +209,7 @@ func (p *Publisher) deliver(ctx context.Context, exchange, key string, msg *amqp
 		if err != nil {
 			return t.noChannel(exchange, key, err)
 		}
-		f, err := cc.send(ctx, exchange, key, msg, p.mandatory(ctx))
+		f, err := cc.send(ctx, exchange, key, msg, p.mandatory(ctx), nil)
 		t.noteSend(f, err)
 		if err == nil {
 			err = p.await(ctx, cc, f)
@@ -212,6 +223,22 @@ func (p *Publisher) deliver(ctx context.Context, exchange, key string, msg *amqp
 		if final, again := t.after(ctx, exchange, key, err); !again {
 			return final
 		}
+		p.afterSendFailure(ctx, cc, err)
+	}
+}
+
+// afterSendFailure waits, after a send that failed in the socket, until cc
+// is closed: amqp091 closes the connection on a write error, but on a
+// goroutine of its own, and until then every channel of it still takes
+// sends that fail at once, each counted towards maxSendFailures.
+func (p *Publisher) afterSendFailure(ctx context.Context, cc *confirmChannel, err error) {
+	if lost, ok := errtree.As[*channelLostError](err); !ok || lost.sendErr == nil {
+		return
+	}
+	select {
+	case <-cc.done:
+	case <-ctx.Done():
+	case <-p.closing.Done():
 	}
 }
 
@@ -434,7 +461,9 @@ func (p *Publisher) Username() string { return p.username }
 
 // Close stops new publishes, waits up to the close timeout for those in
 // flight to be confirmed, closes the connection and returns once every
-// goroutine of the Publisher has ended. It can be called more than once.
+// goroutine of the Publisher has ended and every async publish's done has
+// been called (those still unconfirmed at the close timeout with an error
+// matching ErrNotConfirmed and ErrClosed). It can be called more than once.
 func (p *Publisher) Close() error {
 	p.closeOnce.Do(func() {
 		p.mu.Lock()
@@ -450,8 +479,16 @@ func (p *Publisher) Close() error {
 		case <-timer.C:
 		}
 		p.cancel()
+		// With the connection gone, every async publish left gets its
+		// outcome: its channel died, and sending again finds the
+		// Publisher closed.
+		p.wg.Wait()
+		p.asyncLive.Wait()
+		p.resends.Wait()
+		p.completions.stop()
 	})
 	p.wg.Wait()
+	p.completions.wait()
 	return nil
 }
 
@@ -472,6 +509,24 @@ func (p *Publisher) leave() {
 	if p.closed && p.active == 0 {
 		close(p.idle)
 	}
+}
+
+// enterAsync is enter for an async publish, which Close waits for until its
+// done has returned.
+func (p *Publisher) enterAsync() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.active++
+	p.asyncLive.Add(1)
+	return true
+}
+
+func (p *Publisher) leaveAsync() {
+	p.leave()
+	p.asyncLive.Done()
 }
 
 func (p *Publisher) dial() (*amqpconn.Conn, error) {
