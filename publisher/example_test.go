@@ -57,3 +57,46 @@ func ExampleNew() {
 	// confirmed by the broker
 	// unroutable: true
 }
+
+// PublishAsync keeps many messages in flight without a goroutine each: it
+// returns once a message is sent, and done hears the broker's answer. An
+// error from PublishAsync itself means nothing was sent, and done is then
+// not called.
+func ExamplePublisher_PublishAsync() {
+	url := os.Getenv("AMQP_URL")
+	if url == "" {
+		url = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	pub, err := publisher.New(url, publisher.WithMaxInFlight(64))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pub.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const n = 100
+	outcomes := make(chan error, n) // done must not block: room for every outcome
+	sent := 0
+	for i := range n {
+		msg := amqp.Publishing{MessageId: fmt.Sprintf("event-%d", i), Body: []byte("{}")}
+		// Events nobody may be bound to yet: without mandatory, the broker
+		// confirms what no queue takes.
+		err := pub.PublishAsync(publisher.WithMandatoryContext(ctx, false), "amq.topic", "example.event", msg, func(err error) { outcomes <- err })
+		if err != nil {
+			fmt.Println("not sent:", err)
+			continue
+		}
+		sent++
+	}
+	confirmed := 0
+	for range sent {
+		if err := <-outcomes; err == nil {
+			confirmed++
+		}
+	}
+	fmt.Println(confirmed, "confirmed by the broker")
+	// Output:
+	// 100 confirmed by the broker
+}
