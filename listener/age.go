@@ -48,11 +48,11 @@ type parkedList struct {
 
 // park lists dd, unless it is settled already (a WillWait from a goroutine
 // its handler left behind).
-func (p *parkedList) park(dd *delivery) {
+func (p *parkedList) park(dd *delivery) (listedNow bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !dd.place.CompareAndSwap(unlisted, listed) {
-		return
+		return false
 	}
 	if dd.link == nil {
 		dd.link = &parkLink{}
@@ -64,6 +64,13 @@ func (p *parkedList) park(dd *delivery) {
 		p.first = dd
 	}
 	p.last = dd
+	return true
+}
+
+// unpark takes dd off the list and leaves it as it was before park.
+func (p *parkedList) unpark(dd *delivery) {
+	p.settle(dd)
+	dd.place.Store(unlisted)
 }
 
 // settle takes dd off the list if it is on it; for a delivery that never

@@ -8,6 +8,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/chainctx"
 	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // A delivery in flight and its states:
@@ -71,6 +72,13 @@ type recovery struct {
 	// batch mode: the batch it came in and its place there (batch.go)
 	batch *batchRun
 	index int
+
+	// A deferred settlement (DeferSettlement): where it stands, the process
+	// span, ended at the settlement, and the outcome when it came before
+	// the chain returned.
+	deferral atomic.Int32
+	span     trace.Span
+	lateErr  error
 }
 
 // inBatch returns the batch dd came in, nil for a delivery of New's.
@@ -180,3 +188,66 @@ func (c *consumer) goexited(dd *delivery) {
 }
 
 var errGoexit = errors.New("listener: the handler called runtime.Goexit")
+
+// Where a deferred settlement stands (recovery.deferral).
+const (
+	notDeferred      int32 = iota
+	deferredInChain        // deferred; the chain runs on
+	deferredAwaiting       // the chain has returned: the outcome settles it (settleLater)
+	deferredEarly          // the outcome came before the chain returned: the chain's end settles it
+	deferredDone
+)
+
+// DeferSettlement lets the chain's recoverer (middleware.AsyncRecoverer:
+// recoverer.Republish) settle dd when its outcome comes, rather than when
+// the chain returns: the copy is published, the reader goes on reading, and
+// the original is acked when the broker confirms the copy (or goes back
+// when it does not), in whatever order the confirms come. No goroutine
+// waits for it meanwhile. dd is parked meanwhile, for the age watch and
+// Stats, holding no slot. Not in batch mode, whose batches settle together.
+func (dd *delivery) DeferSettlement(chain context.Context) (context.Context, func(error), func()) {
+	c := dd.c
+	if c.b != nil {
+		return nil, nil, nil
+	}
+	fate := dd.recovery() // allocated here, on the chain's goroutine, before the outcome can come
+	if !fate.deferral.CompareAndSwap(notDeferred, deferredInChain) {
+		return nil, nil, nil
+	}
+	listed := c.parked.park(dd)
+	undo := func() {
+		if fate.deferral.CompareAndSwap(deferredInChain, notDeferred) && listed {
+			c.parked.unpark(dd)
+		}
+	}
+	return listenerEnded{Context: c.ctx, values: chain}, dd.outcome, undo
+}
+
+// outcome is the deferred settlement's outcome, called once.
+func (dd *delivery) outcome(err error) {
+	dd.fate.lateErr = err
+	if dd.fate.deferral.CompareAndSwap(deferredInChain, deferredEarly) {
+		return // the chain has not returned yet: its end settles dd
+	}
+	if dd.fate.deferral.CompareAndSwap(deferredAwaiting, deferredDone) {
+		dd.c.settleLater(dd, err)
+	}
+}
+
+// listenerEnded is the context of a deferred settlement's work: the chain's
+// values, ended only when the listener ends its deliveries' contexts (the
+// shutdown timeout, a lost channel), not when something in the chain
+// returns.
+type listenerEnded struct {
+	context.Context
+	values context.Context
+}
+
+func (l listenerEnded) Value(key any) any { return l.values.Value(key) }
+
+// AfterFunc lets a context made from this one (the recoverer's publish
+// timeout, the publisher's watch) hear of its end the way it would hear of
+// the listener's own context's: with no goroutine waiting for it, which the
+// context package would otherwise start per context of a type it does not
+// know.
+func (l listenerEnded) AfterFunc(f func()) (stop func() bool) { return context.AfterFunc(l.Context, f) }

@@ -142,23 +142,33 @@ func (c *consumer) admit(d *amqp.Delivery, at int64) *delivery {
 	return &delivery{Delivery: *d, c: c, received: at, id: d.MessageId, tag: d.DeliveryTag}
 }
 
-// process runs one delivery through the chain and settles it.
+// process runs one delivery through the chain and settles it, or leaves
+// it to settle when its recoverer's outcome comes (settleLater).
 func (c *consumer) process(dd *delivery) {
-	defer c.pending.Done()
-	defer c.inFlight.Add(-1)
-	defer c.parked.settle(dd)
 	returned := false
 	defer func() {
 		if !returned { // the goroutine is ending in runtime.Goexit (a panic comes back as an error: see call)
 			c.goexited(dd)
+			c.done(dd)
 		}
 	}()
-	c.handleAndSettle(dd)
+	later := c.handleAndSettle(dd)
 	returned = true
+	if !later {
+		c.done(dd)
+	}
 }
 
-// handleAndSettle is process's work.
-func (c *consumer) handleAndSettle(dd *delivery) {
+// done ends dd's time in flight, once it is settled.
+func (c *consumer) done(dd *delivery) {
+	c.parked.settle(dd)
+	c.inFlight.Add(-1)
+	c.pending.Done()
+}
+
+// handleAndSettle is process's work; later says that dd settles when its
+// recoverer's outcome comes (DeferSettlement), not now.
+func (c *consumer) handleAndSettle(dd *delivery) (later bool) {
 	l := c.sv.l
 	d := &dd.Delivery
 	began := dd.received
@@ -170,7 +180,36 @@ func (c *consumer) handleAndSettle(dd *delivery) {
 	} else {
 		err = c.call(dd, c.handle, d)
 	}
+	if dd.fate != nil && dd.fate.deferral.Load() != notDeferred {
+		dd.fate.span = span // before the outcome may read it
+		if dd.fate.deferral.CompareAndSwap(deferredInChain, deferredAwaiting) {
+			return true
+		}
+		// The outcome came while the chain was returning: it is the
+		// chain's result (the chain returned nil, or what was known at once).
+		dd.fate.deferral.Store(deferredDone)
+		err = dd.fate.lateErr
+	}
 	c.settle(dd, span, err)
+	return false
+}
+
+// settleLater settles dd, whose settlement was deferred, with its outcome:
+// on the goroutine that brought it (the publisher's, for a confirm), which
+// an ack does not hold up. A failure, which may wait before its requeue
+// (waitBeforeRequeue), settles on a goroutine of its own.
+func (c *consumer) settleLater(dd *delivery, err error) {
+	if chainrun.SettlementFor(err) == chainrun.Ack && dd.Context.Err() == nil {
+		c.settle(dd, dd.fate.span, err)
+		c.done(dd)
+		return
+	}
+	c.sv.consumers.Add(1) // dd is pending: its consumer's reader has not finished
+	go func() {
+		defer c.sv.consumers.Done()
+		c.settle(dd, dd.fate.span, err)
+		c.done(dd)
+	}()
 }
 
 // gated runs the handler in a slot of the listener's pool. h is

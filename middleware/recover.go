@@ -80,36 +80,98 @@ func Recover(r Recoverer, opts ...RecoverOption) Middleware {
 				// message goes back to the queue, not to the recoverer.
 				return &InterruptedError{Attempt: Attempt(ctx), Reason: stop, Last: err}
 			}
+			if ar, ok := r.(AsyncRecoverer); ok {
+				if rctx, outcome, undo, ok := chainctx.DeferSettlement(ctx); ok {
+					if started, rerr := cfg.recoverAsync(ctx, rctx, ar, d, err, outcome); started {
+						return rerr
+					}
+					undo()
+				}
+			}
 			chainctx.WillWait(ctx) // a recoverer does I/O, which may wait out an outage
 			rerr := r.Recover(ctx, d, err)
-			rule := RuleApplied(ctx, err)
-			switch {
-			case rerr == nil:
-				// The message is safely elsewhere: the listener counts and
-				// logs it as a dead letter unless the recoverer said it is a
-				// hop to another try (RetryScheduled), and keeps the place
-				// the recoverer named (DeadLettered, Republish's exchange).
-				chainctx.RecoveredTo(ctx, "", recoveryAttempts(ctx, err))
-				recorded(ctx, telemetry.OutcomeRecovered, nil, rule)
-				cfg.tell(ctx, d, err, nil, telemetry.OutcomeRecovered, rule)
-				if ac, ok := ctx.Value(attemptKey).(*attemptContext); ok {
-					ac.exec.recovered = true // the Retry around reports the attempt as recovered
-				}
-				return nil
-			case errors.Is(rerr, ErrReject):
-				recorded(ctx, telemetry.OutcomeRejected, nil, rule)
-				cfg.tell(ctx, d, err, rerr, telemetry.OutcomeRejected, rule)
-				return fmt.Errorf("%w; handler error: %w", rerr, err)
-			case errors.Is(rerr, ErrRedeliver):
-				recorded(ctx, telemetry.OutcomeRedelivered, nil, rule)
-				cfg.tell(ctx, d, err, rerr, telemetry.OutcomeRedelivered, rule)
-				return fmt.Errorf("%w; handler error: %w", rerr, err)
-			default:
-				recorded(ctx, telemetry.OutcomeRecoveryFailed, rerr, rule)
-				cfg.tell(ctx, d, err, rerr, telemetry.OutcomeRecoveryFailed, rule)
-				return &RecoveryError{Err: rerr, Cause: err}
-			}
+			return cfg.conclude(ctx, d, err, rerr, RuleApplied(ctx, err), recoveryAttempts(ctx, err), true)
 		}
+	}
+}
+
+// AsyncRecoverer is a Recoverer that can start its work and hear of its
+// outcome later without a goroutine waiting for it: recoverer.Republish
+// publishes the copy, and the listener acks the original when the broker's
+// confirm arrives, in any order, while it goes on reading. Recover uses it
+// where the listener can settle a delivery later (a listener's chain, not a
+// batch's failures, nor a consumer of your own run through chainrun), and
+// calls Recover everywhere else. The guarantees are Recover's: the original
+// is acked only once done has said nil.
+type AsyncRecoverer interface {
+	Recoverer
+	// RecoverAsync starts what Recover does and returns once it has
+	// started (started true, err nil); then done is called exactly once,
+	// later and possibly on another goroutine, with what Recover would have
+	// returned. done settles the delivery: it is quick and does not block.
+	// An error returned means it failed before anything was started: it is
+	// Recover's error, and done is not called. started false with a nil
+	// error means it cannot work so here (its publisher has no asynchronous
+	// publish, say): nothing was done, and Recover is called instead.
+	RecoverAsync(ctx context.Context, d *amqp.Delivery, cause error, done func(error)) (started bool, err error)
+}
+
+// recoverAsync hands the delivery to ar and returns at once; outcome tells
+// the listener the chain's result once ar's is known. Middlewares outside
+// Recover see nil (or an error that was known at once) as the chain's
+// result; OnRecover hooks and telemetry hear of the outcome when it comes,
+// on whatever goroutine brings it. ctx is the chain's, rctx the one for the
+// recoverer's work, which only the listener ends.
+// started is false when ar cannot work so: nothing was done.
+func (cfg *recoverConfig) recoverAsync(ctx, rctx context.Context, ar AsyncRecoverer, d *amqp.Delivery, cause error, outcome func(error)) (started bool, err error) {
+	// What conclude reads of the chain's state is read now, on the chain's
+	// goroutine.
+	rule, attempts := RuleApplied(ctx, cause), recoveryAttempts(ctx, cause)
+	started, err = ar.RecoverAsync(rctx, d, cause, func(rerr error) {
+		outcome(cfg.conclude(ctx, d, cause, rerr, rule, attempts, false))
+	})
+	if err != nil {
+		err = cfg.conclude(ctx, d, cause, err, rule, attempts, true)
+		outcome(err)
+		return true, err
+	}
+	if !started {
+		return false, nil
+	}
+	if ac, ok := ctx.Value(attemptKey).(*attemptContext); ok {
+		// The Retry around reports the attempt as it returns, before the
+		// outcome: as recovered, which it is unless the copy is lost.
+		ac.exec.recovered = true
+	}
+	return true, nil
+}
+
+// conclude records and tells a recovery's outcome, rerr being the
+// recoverer's result, and returns the chain's: nil when recovered. inChain
+// is whether it runs in the chain, before Recover returns (not on the
+// goroutine that brought an asynchronous outcome).
+func (cfg *recoverConfig) conclude(ctx context.Context, d *amqp.Delivery, cause, rerr error, rule string, attempts int, inChain bool) error {
+	switch {
+	case rerr == nil:
+		chainctx.RecoveredTo(ctx, "", attempts)
+		recorded(ctx, telemetry.OutcomeRecovered, nil, rule)
+		cfg.tell(ctx, d, cause, nil, telemetry.OutcomeRecovered, rule, attempts)
+		if ac, ok := ctx.Value(attemptKey).(*attemptContext); ok && inChain {
+			ac.exec.recovered = true // the Retry around reports the attempt as recovered
+		}
+		return nil
+	case errors.Is(rerr, ErrReject):
+		recorded(ctx, telemetry.OutcomeRejected, nil, rule)
+		cfg.tell(ctx, d, cause, rerr, telemetry.OutcomeRejected, rule, attempts)
+		return fmt.Errorf("%w; handler error: %w", rerr, cause)
+	case errors.Is(rerr, ErrRedeliver):
+		recorded(ctx, telemetry.OutcomeRedelivered, nil, rule)
+		cfg.tell(ctx, d, cause, rerr, telemetry.OutcomeRedelivered, rule, attempts)
+		return fmt.Errorf("%w; handler error: %w", rerr, cause)
+	default:
+		recorded(ctx, telemetry.OutcomeRecoveryFailed, rerr, rule)
+		cfg.tell(ctx, d, cause, rerr, telemetry.OutcomeRecoveryFailed, rule, attempts)
+		return &RecoveryError{Err: rerr, Cause: cause}
 	}
 }
 
@@ -193,13 +255,9 @@ func OnRecover(hook func(ctx context.Context, e RecoverEvent)) RecoverOption {
 	return func(c *recoverConfig) { c.hooks = append(c.hooks, hook) }
 }
 
-func (c *recoverConfig) tell(ctx context.Context, d *amqp.Delivery, cause, err error, outcome telemetry.Outcome, rule string) {
+func (c *recoverConfig) tell(ctx context.Context, d *amqp.Delivery, cause, err error, outcome telemetry.Outcome, rule string, attempt int) {
 	if len(c.hooks) == 0 {
 		return
-	}
-	attempt, ok := attemptsMade(cause)
-	if !ok {
-		attempt = Attempt(ctx)
 	}
 	e := RecoverEvent{Delivery: d, Cause: cause, Outcome: outcome.String(), Err: err, Attempt: attempt, Rule: rule}
 	for _, hook := range c.hooks {

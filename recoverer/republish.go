@@ -154,31 +154,83 @@ func (r *Republisher) Recover(ctx context.Context, d *amqp.Delivery, cause error
 	if err != nil {
 		return err
 	}
-	key := r.routingKey
-	if key == "" {
-		key = d.RoutingKey
-		if d.Exchange == "" {
-			// Through the default exchange the key is a queue's name: back
-			// from a retry tier or a reject-to-retry round trip, the work
-			// queue's. A DLX bound by producer keys needs theirs. A message
-			// that came by a named exchange (a delay queue dead-lettering
-			// into it, say) keeps the key it came with.
-			_, key = amqphdr.OriginalDestination(d)
-		}
-	}
+	key := r.key(d)
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
 	defer cancel()
 	// A dead letter no queue takes must be an error, whatever the
 	// publisher does for the events it publishes (publisher.WithMandatory).
 	if err := r.pub.Publish(publisher.WithMandatoryContext(ctx, true), r.exchange, key, msg); err != nil {
-		return fmt.Errorf("recoverer: republish to exchange %q with routing key %q: %w", r.exchange, key, err)
+		return r.publishFailed(key, err)
 	}
+	chainctx.RecoveredTo(ctx, r.where(key), FailedAttempts(ctx, cause))
+	return nil
+}
+
+// RecoverAsync is Recover without the wait for the confirm
+// (middleware.AsyncRecoverer): it publishes the copy and returns, and done
+// hears the outcome when the confirm (or a nack, a return, the publish
+// timeout) comes. Through middleware.Recover in a listener's chain, the
+// listener goes on reading meanwhile and acks the original when done says
+// nil. It does so with a *publisher.Publisher only: a Publisher of your own
+// (a wrapper that counts, say, even one embedding a *publisher.Publisher)
+// is called as it expects, through Publish: it says it cannot (started
+// false), and Recover runs instead.
+func (r *Republisher) RecoverAsync(ctx context.Context, d *amqp.Delivery, cause error, done func(error)) (started bool, err error) {
+	ap, ok := r.pub.(*publisher.Publisher)
+	if !ok {
+		return false, nil
+	}
+	msg, err := r.Message(ctx, d, cause)
+	if err != nil {
+		return false, err
+	}
+	key := r.key(d)
+	attempts := FailedAttempts(ctx, cause) // read now, on the chain's goroutine
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
+	err = ap.PublishAsync(publisher.WithMandatoryContext(pctx, true), r.exchange, key, msg, func(err error) {
+		cancel()
+		if err != nil {
+			done(r.publishFailed(key, err))
+			return
+		}
+		chainctx.RecoveredTo(ctx, r.where(key), attempts)
+		done(nil)
+	})
+	if err != nil { // nothing was sent, and done is not called
+		cancel()
+		return false, r.publishFailed(key, err)
+	}
+	return true, nil
+}
+
+// key is the routing key of d's copy.
+func (r *Republisher) key(d *amqp.Delivery) string {
+	if r.routingKey != "" {
+		return r.routingKey
+	}
+	if d.Exchange == "" {
+		// Through the default exchange the key is a queue's name: back
+		// from a retry tier or a reject-to-retry round trip, the work
+		// queue's. A DLX bound by producer keys needs theirs. A message
+		// that came by a named exchange (a delay queue dead-lettering
+		// into it, say) keeps the key it came with.
+		_, key := amqphdr.OriginalDestination(d)
+		return key
+	}
+	return d.RoutingKey
+}
+
+func (r *Republisher) publishFailed(key string, err error) error {
+	return fmt.Errorf("recoverer: republish to exchange %q with routing key %q: %w", r.exchange, key, err)
+}
+
+// where says where a copy went, for the log.
+func (r *Republisher) where(key string) string {
 	exchange := r.exchange
 	if exchange == "" {
 		exchange = "(the default exchange)"
 	}
-	chainctx.RecoveredTo(ctx, exchange+", routing key "+key, FailedAttempts(ctx, cause))
-	return nil
+	return exchange + ", routing key " + key
 }
 
 // Message builds the copy Recover publishes: exported so that other

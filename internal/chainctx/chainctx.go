@@ -116,6 +116,34 @@ func RecoveredTo(ctx context.Context, to string, attempts int) {
 	}
 }
 
+// SettlementDeferrer is what the listener's delivery answers for under
+// RecoveryHookKey when its settlement may wait for an outcome that comes
+// later, on another goroutine: a recoverer's publish whose confirm is
+// awaited without parking a goroutine per message.
+type SettlementDeferrer interface {
+	// DeferSettlement says that the chain's outcome will be told later,
+	// once, through the returned func, whatever the chain returns now; the
+	// delivery stays unsettled until then. ctx is the context for the work
+	// meanwhile: the chain's values, ended only by the listener (shutdown,
+	// a lost channel), not by anything in the chain.
+	// undo takes the deferral back, before anything was started: the
+	// chain settles as it returns after all.
+	DeferSettlement(chain context.Context) (ctx context.Context, outcome func(err error), undo func())
+}
+
+// DeferSettlement asks the SettlementDeferrer in ctx, if any, to settle the
+// delivery when outcome is called rather than when the chain returns. ok is
+// false where nobody can (a consumer of your own, batch mode): then the
+// caller must wait for the outcome itself.
+func DeferSettlement(chain context.Context) (ctx context.Context, outcome func(err error), undo func(), ok bool) {
+	if h, yes := chain.Value(recoveryHookKey).(SettlementDeferrer); yes {
+		if ctx, outcome, undo = h.DeferSettlement(chain); outcome != nil {
+			return ctx, outcome, undo, true
+		}
+	}
+	return nil, nil, nil, false
+}
+
 // WithRetryHop marks a recovery as a hop to a retry (a tier), not a dead
 // letter.
 func WithRetryHop(ctx context.Context) context.Context {
