@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -153,6 +154,7 @@ func BenchmarkPublishAsync(b *testing.B) {
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
+		cpu := processCPU(b)
 		inFlight := make([]*amqp.DeferredConfirmation, 0, window)
 		for range b.N {
 			if len(inFlight) == window {
@@ -173,6 +175,7 @@ func BenchmarkPublishAsync(b *testing.B) {
 			}
 		}
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msg/s")
+		reportCPU(b, cpu)
 	})
 	for _, channels := range []int{1, 4} {
 		b.Run(fmt.Sprintf("async-%dch", channels), func(b *testing.B) {
@@ -195,6 +198,7 @@ func BenchmarkPublishAsync(b *testing.B) {
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
+			cpu := processCPU(b)
 			for range b.N {
 				wg.Add(1)
 				if err := p.PublishAsync(ctx, "", q, amqp.Publishing{Body: body}, done); err != nil {
@@ -203,6 +207,7 @@ func BenchmarkPublishAsync(b *testing.B) {
 			}
 			wg.Wait()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msg/s")
+			reportCPU(b, cpu)
 			if n := failed.Load(); n > 0 {
 				b.Fatalf("%d of %d not confirmed", n, b.N)
 			}
@@ -219,11 +224,28 @@ func BenchmarkPublishAsync(b *testing.B) {
 		ctx := context.Background()
 		b.ReportAllocs()
 		b.ResetTimer()
+		cpu := processCPU(b)
 		for range b.N {
 			if err := p.Publish(ctx, "", q, amqp.Publishing{Body: body}); err != nil {
 				b.Fatal(err)
 			}
 		}
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msg/s")
+		reportCPU(b, cpu)
 	})
+}
+
+// processCPU is the CPU time the test process has used, user and system.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports the client's CPU time per message since began, the
+// measure of issue 35 (the relay's CPU against raw confirmed publishing).
+func reportCPU(b *testing.B, began time.Duration) {
+	b.ReportMetric(float64((processCPU(b)-began).Microseconds())/float64(b.N), "cpu-µs/msg")
 }
