@@ -459,3 +459,46 @@ func TestWithMaxInFlightRejectsBadInput(t *testing.T) {
 		t.Fatalf("New = %v, want it to name WithMaxInFlight and 0", err)
 	}
 }
+
+// Routable and unroutable async publishes from several goroutines,
+// interleaved on shared channels: each done gets its own message's outcome,
+// never a neighbour's.
+func TestPublishAsyncConcurrentOutcomesAreNotMixedUp(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	brokertest.Bind(t, q, "amq.direct", q)
+	p := newPublisher(t, brokertest.URL(), publisher.WithChannels(2), publisher.WithMaxInFlight(64))
+	unbound := brokertest.Name(t, "unbound")
+	const workers, perWorker = 8, 200
+	o := newOutcomes(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perWorker {
+				n := w*perWorker + i
+				key := q
+				if n%2 == 1 {
+					key = unbound
+				}
+				id := fmt.Sprint(n)
+				if err := p.PublishAsync(ctx, "amq.direct", key, amqp.Publishing{MessageId: id, Body: []byte(id)}, o.done(n)); err != nil {
+					t.Errorf("publish %d: %v", n, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	o.wait(workers*perWorker, 20*time.Second)
+	for n := range workers * perWorker {
+		err, _ := o.get(n)
+		if routed := n%2 == 0; (routed && err != nil) || (!routed && !errors.Is(err, publisher.ErrUnroutable)) {
+			t.Errorf("publish %d (routed: %v): %v", n, routed, err)
+		}
+	}
+	if got := brokertest.Depth(t, q); got != workers*perWorker/2 {
+		t.Fatalf("queue holds %d, want %d", got, workers*perWorker/2)
+	}
+}
