@@ -502,3 +502,22 @@ func TestPublishAsyncConcurrentOutcomesAreNotMixedUp(t *testing.T) {
 		t.Fatalf("queue holds %d, want %d", got, workers*perWorker/2)
 	}
 }
+
+// A done that panics is logged; the Publisher goes on completing the others
+// and gives its room back.
+func TestPublishAsyncSurvivesAPanickingDone(t *testing.T) {
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	p := newPublisher(t, brokertest.URL(), publisher.WithMaxInFlight(1))
+	ctx := ctxTimeout(t, 10*time.Second)
+	if err := p.PublishAsync(ctx, "", q, amqp.Publishing{}, func(error) { panic("a bug in the caller") }); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	if err := p.PublishAsync(ctx, "", q, amqp.Publishing{}, func(err error) { got <- err }); err != nil {
+		t.Fatalf("the next publish found no room: %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+}
