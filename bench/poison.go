@@ -223,15 +223,15 @@ func republishListener(ctx context.Context, e *env, q string, n int) (s Sample, 
 	defer func() { err = errors.Join(err, done()) }()
 
 	t := newTally(n)
-	republish := recoverer.Republish(pub, "", dlq)
-	counted := middleware.RecovererFunc(func(ctx context.Context, d *amqp.Delivery, cause error) error {
-		if err := republish.Recover(ctx, d, cause); err != nil {
-			return err
+	// Counted as each recovery's outcome comes (OnRecover): a wrapper
+	// around the Republisher would hide its asynchronous publish from
+	// Recover, and the listener would wait for each confirm.
+	counted := middleware.OnRecover(func(_ context.Context, e middleware.RecoverEvent) {
+		if e.Err == nil {
+			t.hit()
 		}
-		t.hit()
-		return nil
 	})
-	mw := middleware.Chain(middleware.Retry(5), middleware.Recover(counted))
+	mw := middleware.Chain(middleware.Retry(5), middleware.Recover(recoverer.Republish(pub, "", dlq), counted))
 	handle := func(context.Context, *amqp.Delivery) error {
 		t.begin()
 		return middleware.Permanent(errPoison)
