@@ -115,10 +115,7 @@ func TestPoisonOriginalsWaitForTheirCopiesConfirm(t *testing.T) {
 	brokertest.Eventually(t, 30*time.Second, "every message on the DLQ, none left", func() bool {
 		return brokertest.Depth(t, dlq) >= n && r.Stats().InFlight == 0 && brokertest.Depth(t, q) == 0
 	})
-	seen := newSeen()
-	for _, id := range drain(t, dlq) {
-		seen.add(id)
-	}
+	seen := drained(t, dlq)
 	if seen.distinct() != n {
 		t.Errorf("%d distinct messages on the DLQ, want %d", seen.distinct(), n)
 	}
@@ -135,10 +132,7 @@ func TestPoisonFloodShutdownLosesNothing(t *testing.T) {
 	publishN(t, q, n)
 	brokertest.Eventually(t, 10*time.Second, "copies in flight", func() bool { return r.Stats().Parked > 20 })
 	r.Stop(t)
-	seen := newSeen()
-	for _, id := range append(drain(t, dlq), drain(t, q)...) {
-		seen.add(id)
-	}
+	seen := drained(t, dlq, q)
 	if seen.distinct() != n {
 		t.Errorf("%d of %d messages are on the queue or the DLQ after a shutdown mid-flood", seen.distinct(), n)
 	}
@@ -196,10 +190,7 @@ func TestPoisonFloodUnderFaults(t *testing.T) {
 		brokertest.Eventually(t, 60*time.Second, "every message dead-lettered", func() bool {
 			return r.Stats().InFlight == 0 && brokertest.Depth(t, q) == 0 && brokertest.Depth(t, dlq) >= n
 		})
-		seen := newSeen()
-		for _, id := range drain(t, dlq) {
-			seen.add(id)
-		}
+		seen := drained(t, dlq)
 		if seen.distinct() != n {
 			t.Errorf("%d distinct messages on the DLQ, want %d", seen.distinct(), n)
 		}
@@ -222,13 +213,22 @@ func TestPoisonFloodUnderFaults(t *testing.T) {
 		brokertest.Eventually(t, 60*time.Second, "every message dead-lettered", func() bool {
 			return r.Stats().InFlight == 0 && brokertest.Depth(t, q) == 0 && brokertest.Depth(t, dlq) >= n
 		})
-		seen := newSeen()
-		for _, id := range drain(t, dlq) {
-			seen.add(id)
-		}
+		seen := drained(t, dlq)
 		if seen.distinct() != n {
 			t.Errorf("%d distinct messages on the DLQ, want %d", seen.distinct(), n)
 		}
 		t.Logf("listener cut mid-flood: %d on the DLQ, %d of them duplicates (originals the cut handed back, dead-lettered again)", n+seen.duplicates(), seen.duplicates())
 	})
+}
+
+// drained takes every message off the queues and counts their ids.
+func drained(t *testing.T, queues ...string) *seen {
+	t.Helper()
+	s := newSeen()
+	for _, q := range queues {
+		for _, id := range drain(t, q) {
+			s.add(id)
+		}
+	}
+	return s
 }
