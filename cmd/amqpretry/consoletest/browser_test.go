@@ -976,6 +976,7 @@ func TestBrowserEditAndReplay(t *testing.T) {
 	if body := eval[string](t, ctx, `document.querySelector("#edit-body").value`); !strings.Contains(body, `"kind":"hostile"`) {
 		t.Errorf("the form starts with the body %q", body)
 	}
+	shot(t, ctx, "console-edit")
 	edit := func(body, headers string) {
 		t.Helper()
 		run(t, ctx, chromedp.SetValue(`#edit-body`, body, chromedp.ByQuery), chromedp.SetValue(`#edit-headers`, headers, chromedp.ByQuery))
