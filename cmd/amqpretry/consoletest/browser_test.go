@@ -751,6 +751,46 @@ func nonZero(s string) []int {
 	return out
 }
 
+// A DLQ a real listener fills: each group's chart counts every dead letter
+// of the group, in the intervals the listener ran in (by the failure time
+// the recoverer wrote), and draws the group failing now.
+func TestBrowserChartOfARealListenersDeadLetters(t *testing.T) {
+	needBrowser(t)
+	began := time.Now()
+	topo, _ := deadLetters(t)
+	ended := time.Now()
+	c := startConsole(t, topo.DLQ())
+	ctx := signedIn(t, c)
+	rows := eval[[]string](t, ctx, `Array.from(document.querySelectorAll("tr.group .count")).map(c => c.textContent)`)
+	if len(rows) != len(kinds) {
+		t.Fatalf("%d groups on the overview, want %d", len(rows), len(kinds))
+	}
+	for i, count := range rows {
+		ch := readChart(t, ctx, fmt.Sprintf(`tr.group:nth-of-type(%d) svg.chart`, i+1))
+		from, err := time.Parse(time.RFC3339, ch.From)
+		if err != nil || ch.Step <= 0 {
+			t.Fatalf("group %d: the chart says from %q, step %d", i+1, ch.From, ch.Step)
+		}
+		step := time.Duration(ch.Step) * time.Second
+		first, last := int(began.Truncate(time.Second).Sub(from)/step), int(ended.Add(time.Second).Sub(from)/step)
+		total := 0
+		for b, f := range strings.Split(ch.Buckets, ",") {
+			var n int
+			fmt.Sscan(f, &n)
+			total += n
+			if n > 0 && (b < first || b > last) {
+				t.Errorf("group %d: %d failures in interval %d, outside the listener's run (intervals %d to %d): %s", i+1, n, b, first, last, ch.Buckets)
+			}
+		}
+		if fmt.Sprint(total) != count {
+			t.Errorf("group %d: the chart counts %d failures, the group %s: %s", i+1, total, count, ch.Buckets)
+		}
+		if ch.State != "now" {
+			t.Errorf("group %d: dead-lettered seconds ago, drawn as %q", i+1, ch.State)
+		}
+	}
+}
+
 // A DLQ filled over four hours: customers failing every two minutes for the
 // last hour, up to now, and the tax service failing for an hour until three
 // hours ago. The overview draws each group's failures per interval across
