@@ -3,6 +3,7 @@ package listener_test
 import (
 	"context"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -142,6 +143,50 @@ func TestShutdownOnAFrozenConnectionIsBounded(t *testing.T) {
 	}
 	if n := log.Count("a handler ignores its cancelled context"); n > 0 {
 		t.Errorf("the log blames a handler %d times, though none ran:\n%s", n, log.String())
+	}
+}
+
+// The same when the connection freezes while the listener is opening a
+// consumer (a channel, its qos, its basic.consume: each waits for the
+// broker's reply): Run returns within a few seconds rather than when the
+// heartbeat gives up. It waited 15 s (found under make test's load, when the
+// freeze came as the second channel opened).
+func TestShutdownWhileOpeningAConsumerOnAFrozenConnectionIsBounded(t *testing.T) {
+	t.Parallel()
+	q := brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	proxy, url := brokertest.Proxy(t)
+	defer proxy.Blackhole(false)
+	frozen := make(chan struct{})
+	var once sync.Once
+	l, err := listener.New(q, nil, func(context.Context, *amqp.Delivery) error { return nil },
+		listener.WithURL(url), listener.WithShutdownTimeout(time.Second), listener.WithConcurrentConsumers(2),
+		logTo(t, false), listener.WithDeclare(func(*amqp.Channel) error {
+			// Declared: the consumers open next, on a connection that no
+			// longer answers.
+			proxy.Blackhole(true)
+			once.Do(func() { close(frozen) })
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-frozen
+	time.Sleep(200 * time.Millisecond) // the listener waits for its first channel now
+	begin := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		done <- err
+		if took := time.Since(begin); took > 4*time.Second {
+			t.Errorf("Run took %v to return while opening a consumer on a frozen connection, want a few seconds", took.Round(time.Millisecond))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s")
 	}
 }
 

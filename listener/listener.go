@@ -274,6 +274,7 @@ type supervisor struct {
 	consumed       bool           // the current connection has started a consumer (loop's and serve's goroutine only)
 	lostAt         time.Time      // when a connection that had started consumers was lost (serve's goroutine only)
 	closers        sync.WaitGroup // channel and connection closes still waiting for the broker (closeBounded)
+	settingUp      atomic.Bool    // serve is opening a consumer: waiting for the broker (boundSetupAtShutdown)
 	// drain is when a graceful shutdown began and the counts then (Run's
 	// and serve's goroutine, one after the other).
 	drain struct {

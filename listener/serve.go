@@ -27,7 +27,45 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 	// shutdown, so the socket goes first.
 	defer conn.Abandon()
 	defer sv.closeBounded(conn.Close)
+	stop := sv.boundSetupAtShutdown(ctx, conn)
+	defer stop()
 	return sv.serveOn(ctx, conn)
+}
+
+// boundSetupAtShutdown watches, once ctx is done, for serve stuck in its
+// declarations (WithDeclare) or opening a consumer: a channel, its qos and
+// its basic.consume each wait for the broker's reply, which a frozen
+// connection never sends (amqp091 would wait until the heartbeat gives up,
+// 15 s and more), and serve sees the shutdown only once the call returns. A setup still waiting closeWait after the
+// shutdown began, or begun after it, has the socket abandoned under it: the
+// call fails at once, and the shutdown goes on. (A delivery in flight then
+// cannot be settled; on a frozen connection it could not be anyway, and the
+// broker requeues it.) stop ends the watch.
+func (sv *supervisor) boundSetupAtShutdown(ctx context.Context, conn *amqpconn.Conn) (stop func()) {
+	done := make(chan struct{})
+	sv.closers.Add(1)
+	go func() {
+		defer sv.closers.Done()
+		select {
+		case <-ctx.Done():
+		case <-done:
+			return
+		}
+		tick := time.NewTicker(closeWait)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+				if sv.settingUp.Load() {
+					conn.Abandon()
+					return
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 // serveOn is serve on a connection it does not own (a Group's): it leaves
@@ -37,7 +75,10 @@ func (sv *supervisor) serveOn(ctx context.Context, conn *amqpconn.Conn) (err err
 	l := sv.l
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 
-	if err := sv.declare(conn.Connection); err != nil {
+	sv.settingUp.Store(true)
+	err = sv.declare(conn.Connection)
+	sv.settingUp.Store(false)
+	if err != nil {
 		return err
 	}
 	s := &session{sv: sv, conn: conn.Connection, ended: make(chan *consumer, l.channelCap()), calm: make(chan struct{}, 1)}
@@ -306,7 +347,9 @@ func (s *session) add() error {
 	if s.probing {
 		prefetch = 1
 	}
+	s.sv.settingUp.Store(true)
 	c, err := s.sv.startConsumer(s.conn, s.ended, calm, prefetch)
+	s.sv.settingUp.Store(false)
 	if err != nil {
 		return err
 	}
