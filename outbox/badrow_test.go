@@ -115,7 +115,12 @@ func TestForeignUserIDFailsAloneAmong600(t *testing.T) {
 // Findings 3 and 4 of issue 26, in general: a publish the broker closes
 // the channel on anyway (here: to an internal exchange, which the
 // publisher cannot know) fails alone, at once, and each unconfirmed
-// neighbour is sent again at most once.
+// neighbour is sent again a bounded number of times. The broker's text
+// names no message, so the publisher searches for the culprit among those
+// in flight in groups of 8 (publisher/isolate.go), ceil(log8 n) rounds: a
+// neighbour lost with the culprit's group in each round may be stored once
+// per round, plus once. With up to 1,000 in flight (two workers, batches of
+// 500), that is 4 rounds and 5 copies at most.
 func TestChannelClosedOnAPublishFailsOnlyThatPublish(t *testing.T) {
 	counts, bad := oneBadAmongGood(t, func(ob *outbox.Outbox, q string) int64 {
 		internal := brokertest.Name(t, "internal")
@@ -129,7 +134,7 @@ func TestChannelClosedOnAPublishFailsOnlyThatPublish(t *testing.T) {
 		})
 		return enqueue(t, ob.DB(), ob, internal, "", amqp.Publishing{MessageId: "bad", DeliveryMode: amqp.Persistent})
 	})
-	checkAlone(t, counts, bad, "internal", 2)
+	checkAlone(t, counts, bad, "internal", 5)
 }
 
 // checkAlone checks that the bad row failed after one try with a reason
