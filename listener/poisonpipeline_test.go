@@ -131,10 +131,13 @@ func TestPoisonOriginalsWaitForTheirCopiesConfirm(t *testing.T) {
 func TestPoisonFloodShutdownLosesNothing(t *testing.T) {
 	t.Parallel()
 	const n = 200
-	r, q, dlq, proxy := poisonFlood(t, 50, 30*time.Second)
-	proxy.SetLatency(100 * time.Millisecond)
+	r, q, dlq, proxy := poisonFloodTo(t, poisonSetup{prefetch: 50, publishTimeout: 30 * time.Second, heartbeat: 10 * time.Second})
+	// Every confirm held until a prefetch of copies is in flight, then let
+	// go as the shutdown begins: it meets copies in every state.
+	proxy.Blackhole(true)
 	publishN(t, q, n)
-	brokertest.Eventually(t, 10*time.Second, "copies in flight", func() bool { return r.Stats().Parked > 20 })
+	brokertest.Eventually(t, 20*time.Second, "copies in flight", func() bool { return r.Stats().Parked == 50 })
+	proxy.Blackhole(false)
 	r.Stop(t)
 	seen := drained(t, dlq, q)
 	if seen.distinct() != n {
