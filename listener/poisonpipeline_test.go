@@ -186,13 +186,13 @@ func TestPoisonFloodUnderFaults(t *testing.T) {
 	t.Run("publisher's connection cut", func(t *testing.T) {
 		t.Parallel()
 		const n = 300
-		r, q, dlq, proxy := poisonFlood(t, n, 30*time.Second)
-		proxy.SetLatency(50 * time.Millisecond)
+		r, q, dlq, proxy := poisonFloodTo(t, poisonSetup{prefetch: n, publishTimeout: 30 * time.Second, heartbeat: 10 * time.Second})
+		// Every copy in flight, then the confirms let go and the
+		// connection cut as they come.
+		proxy.Blackhole(true)
 		publishN(t, q, n)
-		brokertest.Eventually(t, 20*time.Second, "copies in flight, some confirmed", func() bool {
-			st := r.Stats()
-			return st.DeadLettered > 20 && st.Parked > 20
-		})
+		brokertest.Eventually(t, 20*time.Second, "every copy in flight", func() bool { return r.Stats().Parked == n })
+		proxy.Blackhole(false)
 		proxy.CutAll()
 		brokertest.Eventually(t, 60*time.Second, "every message dead-lettered", func() bool {
 			return r.Stats().InFlight == 0 && brokertest.Depth(t, q) == 0 && brokertest.Depth(t, dlq) >= n
