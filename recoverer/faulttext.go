@@ -1,8 +1,11 @@
 package recoverer
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/amqpretry/amqpretry/internal/amqptable"
@@ -16,15 +19,41 @@ import (
 // with its Go type, outermost first, since a Go error has no stack.
 func StackTrace(err error) string {
 	if pe, ok := errtree.As[*middleware.PanicError](err); ok {
-		// The value is x-exception-message's too: here it is cut short, so
-		// that a huge one leaves room for the frames.
-		return fmt.Sprintf("panic: %s\n\n%s", cut(fmt.Sprint(pe.Value), maxPanicValue), pe.Stack)
+		return panicTrace(pe)
 	}
-	w := chainWriter{}
-	w.b.Grow(256) // a chain of a few errors, in one allocation
+	var b strings.Builder
+	b.Grow(256) // a chain of a few errors, in one allocation
+	w := chainWriter{b: &b}
 	w.write(err, 0)
-	return w.b.String()
+	return b.String()
 }
+
+// stackTraceBox is StackTrace(err), boxed for a header table: a chain that
+// renders as the last one did (a flood of one failure) reuses its string and
+// box, rendered meanwhile into a pooled buffer.
+func stackTraceBox(err error, last *internedString) any {
+	if pe, ok := errtree.As[*middleware.PanicError](err); ok {
+		return last.box(panicTrace(pe))
+	}
+	buf := chainBufs.Get().(*bytes.Buffer)
+	buf.Reset()
+	w := chainWriter{b: buf}
+	w.write(err, 0)
+	v := last.boxBytes(buf.Bytes())
+	if buf.Cap() <= 64<<10 { // a huge chain's buffer is not worth keeping
+		chainBufs.Put(buf)
+	}
+	return v
+}
+
+// panicTrace is a panic's stack trace header. The value is
+// x-exception-message's too: here it is cut short, so that a huge one leaves
+// room for the frames.
+func panicTrace(pe *middleware.PanicError) string {
+	return fmt.Sprintf("panic: %s\n\n%s", cut(fmt.Sprint(pe.Value), maxPanicValue), pe.Stack)
+}
+
+var chainBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // Bounds on the rendering of an error chain: errors.Join trees can fan out
 // exponentially, and x-exception-message already carries the whole message.
@@ -37,7 +66,11 @@ const (
 )
 
 type chainWriter struct {
-	b     strings.Builder
+	b interface {
+		io.Writer
+		io.StringWriter
+		io.ByteWriter
+	}
 	nodes int
 }
 
@@ -47,7 +80,7 @@ func (w *chainWriter) write(err error, depth int) {
 	}
 	if w.nodes++; w.nodes > maxChainNodes {
 		if w.nodes == maxChainNodes+1 {
-			fmt.Fprintf(&w.b, "%s… (more wrapped errors omitted)\n", strings.Repeat("  ", depth))
+			fmt.Fprintf(w.b, "%s… (more wrapped errors omitted)\n", strings.Repeat("  ", depth))
 		}
 		return
 	}
@@ -83,8 +116,7 @@ func ErrorString(err error) string { return errtext.String(err) }
 // a marker saying how much was cut. Both come back valid UTF-8. It fails
 // only when room cannot hold even the two empty headers.
 func fitFaultText(room int, message, stack string, withStack bool) (string, string, error) {
-	message = strings.ToValidUTF8(message, "\uFFFD")
-	stack = strings.ToValidUTF8(stack, "\uFFFD")
+	message, stack = validUTF8(message), validUTF8(stack)
 	room -= entrySize(HeaderExceptionMessage)
 	if withStack {
 		room -= entrySize(HeaderExceptionStacktrace)
@@ -103,6 +135,15 @@ func fitFaultText(room int, message, stack string, withStack bool) (string, stri
 	stack = cut(stack, max(room-len(message), min(len(stack), room/2)))
 	message = cut(message, room-len(stack))
 	return message, stack, nil
+}
+
+// validUTF8 is s with invalid UTF-8 replaced; utf8.ValidString checks the
+// common case, all valid, several times faster than ToValidUTF8 does.
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 // entrySize is the encoded size of a string header with this key, value

@@ -68,6 +68,13 @@ type Republisher struct {
 	cfg        config
 	host       any // the host name, boxed once for the header table
 	keys       faultKeys
+	boxes      *faultBoxes
+}
+
+// faultBoxes keep the fault headers' values boxed while they repeat (see
+// internedString).
+type faultBoxes struct {
+	exchange, key, queue, errorType, message, stack internedString
 }
 
 // faultKeys are the names of our fault headers, the prefix joined once.
@@ -142,7 +149,7 @@ func Republish(pub Publisher, exchange, routingKey string, opts ...Option) *Repu
 		panic(errors.Join(errs...).Error())
 	}
 	host, _ := os.Hostname()
-	return &Republisher{pub: pub, exchange: exchange, routingKey: routingKey, cfg: cfg, host: host, keys: newFaultKeys(cfg.prefix)}
+	return &Republisher{pub: pub, exchange: exchange, routingKey: routingKey, cfg: cfg, host: host, keys: newFaultKeys(cfg.prefix), boxes: new(faultBoxes)}
 }
 
 // Recover publishes the annotated copy and returns nil once the broker has
@@ -264,14 +271,14 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 		}
 	}
 	handlerErr := chainrun.HandlerError(cause)
-	keys := &r.keys
+	keys, boxes := &r.keys, r.boxes
 	// A message on a retry hop (a tier, a reject-to-retry cycle) was
 	// republished or dead-lettered already: keep where it was first sent.
 	exchange, key := amqphdr.OriginalDestination(d)
-	headers[HeaderOriginalExchange] = exchange
-	headers[HeaderOriginalRoutingKey] = key
-	headers[keys.originalQueue] = chainctx.Queue(ctx)
-	headers[keys.errorType] = chainrun.ErrorType(cause)
+	headers[HeaderOriginalExchange] = boxes.exchange.box(exchange)
+	headers[HeaderOriginalRoutingKey] = boxes.key.box(key)
+	headers[keys.originalQueue] = boxes.queue.box(chainctx.Queue(ctx))
+	headers[keys.errorType] = boxes.errorType.box(chainrun.ErrorType(cause))
 	headers[keys.attempts] = int64(FailedAttempts(ctx, cause))
 	if rule := middleware.RuleApplied(ctx, cause); rule != "" {
 		headers[keys.retryRule] = rule
@@ -303,12 +310,14 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 	if len(headers)+laterEntries > amqptable.MaxEntries {
 		headers, unwritable = dropToCount(headers, amqptable.MaxEntries-laterEntries, keys.droppedHeaders, r.ownKeys(), unwritable)
 	}
+	var stackBox any
 	stack := ""
 	if r.cfg.stackTrace {
-		stack = StackTrace(cause)
+		stackBox = stackTraceBox(cause, &boxes.stack)
+		stack = stackBox.(string)
 	}
-	budget := r.headerBudget(msg)
-	if budget-amqptable.Size(headers) < faultTextFloor {
+	budget, size := r.headerBudget(msg), amqptable.Size(headers)
+	if budget-size < faultTextFloor {
 		// The message's own headers fill the frame past the headroom. The
 		// headroom is a margin, not a must: a dead letter that cannot be
 		// written would loop for ever, so use all the frame leaves, and
@@ -316,14 +325,19 @@ func (r *Republisher) Message(ctx context.Context, d *amqp.Delivery, cause error
 		// ours last) and say which.
 		budget = r.exactHeaderBudget(msg)
 		headers = dropToFit(headers, budget-faultTextFloor, keys.droppedHeaders, r.ownKeys(), unwritable)
+		size = amqptable.Size(headers)
 	}
-	message, stack, err := fitFaultText(budget-amqptable.Size(headers), ErrorString(handlerErr), stack, r.cfg.stackTrace)
+	message, fitted, err := fitFaultText(budget-size, ErrorString(handlerErr), stack, r.cfg.stackTrace)
 	if err != nil {
 		return amqp.Publishing{}, err
 	}
-	headers[HeaderExceptionMessage] = message
+	headers[HeaderExceptionMessage] = boxes.message.box(message)
 	if r.cfg.stackTrace {
-		headers[HeaderExceptionStacktrace] = stack
+		if fitted == stack {
+			headers[HeaderExceptionStacktrace] = stackBox
+		} else {
+			headers[HeaderExceptionStacktrace] = fitted // cut: this copy's own
+		}
 	}
 	msg.Headers = headers
 	return msg, nil

@@ -3,6 +3,7 @@ package errtext
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // String is err.Error(), made valid UTF-8, or a description of err when its
@@ -16,5 +17,9 @@ func String(err error) (s string) {
 			s = fmt.Sprintf("%T (its Error method panicked: %v)", err, v)
 		}
 	}()
-	return strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s = err.Error()
+	if utf8.ValidString(s) { // the common case, checked several times faster than ToValidUTF8 does
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
