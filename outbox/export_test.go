@@ -11,3 +11,14 @@ var EncodeProperties = encodeProperties
 
 // DB is the database the Outbox writes to.
 func (o *Outbox) DB() *sql.DB { return o.db }
+
+// AsyncPublisher is what a Relay publishes through asynchronously.
+type AsyncPublisher = asyncPublisher
+
+// PublishAsyncThrough makes r publish through p's PublishAsync, as it does
+// through a bare *publisher.Publisher, so that the tests' wrappers (which
+// count, hook or route) can watch the asynchronous path too.
+func (r *Relay) PublishAsyncThrough(p AsyncPublisher) *Relay {
+	r.async = p
+	return r
+}

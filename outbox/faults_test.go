@@ -38,14 +38,37 @@ func (c *confirmRecorder) Publish(ctx context.Context, exchange, key string, msg
 	c.maxFlight = max(c.maxFlight, c.inFlight)
 	c.mu.Unlock()
 	err := c.pub.Publish(ctx, exchange, key, msg)
+	c.ended(msg.MessageId, err)
+	return err
+}
+
+// PublishAsync is Publish's asynchronous twin: it counts the same way, in
+// the outcome's callback.
+func (c *confirmRecorder) PublishAsync(ctx context.Context, exchange, key string, msg amqp.Publishing, done func(error)) error {
+	c.mu.Lock()
+	c.inFlight++
+	c.maxFlight = max(c.maxFlight, c.inFlight)
+	c.mu.Unlock()
+	err := c.pub.(outbox.AsyncPublisher).PublishAsync(ctx, exchange, key, msg, func(err error) {
+		c.ended(msg.MessageId, err)
+		done(err)
+	})
+	if err != nil {
+		c.mu.Lock()
+		c.inFlight--
+		c.mu.Unlock()
+	}
+	return err
+}
+
+func (c *confirmRecorder) ended(id string, err error) {
 	c.mu.Lock()
 	c.inFlight--
-	c.mu.Unlock()
 	if err != nil {
-		return err
+		c.mu.Unlock()
+		return
 	}
-	c.mu.Lock()
-	c.confirmed[msg.MessageId]++
+	c.confirmed[id]++
 	n := 0
 	for _, k := range c.confirmed {
 		n += k
@@ -54,7 +77,6 @@ func (c *confirmRecorder) Publish(ctx context.Context, exchange, key string, msg
 	if c.hook != nil {
 		c.hook(n)
 	}
-	return nil
 }
 
 func (c *confirmRecorder) wasConfirmed(id string) bool {

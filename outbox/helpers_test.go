@@ -162,3 +162,22 @@ func statusOf(t *testing.T, db *sql.DB, ob *outbox.Outbox, id int64) outbox.Stat
 	}
 	return s
 }
+
+// publishModes are the relay's two ways to publish: Publish, a goroutine
+// waiting on each confirm (any Publisher), and PublishAsync (a
+// *publisher.Publisher).
+var publishModes = []struct {
+	name  string
+	async bool
+}{{"Publish", false}, {"PublishAsync", true}}
+
+// relayIn returns ob's relay through pub, publishing with pub's
+// PublishAsync when async is set and with its Publish otherwise, whatever
+// pub is.
+func relayIn(ob *outbox.Outbox, async bool, pub outbox.Publisher, opts ...outbox.Option) *outbox.Relay {
+	r := ob.Relay(pub, opts...)
+	if async {
+		return r.PublishAsyncThrough(pub.(outbox.AsyncPublisher))
+	}
+	return r.PublishAsyncThrough(nil)
+}

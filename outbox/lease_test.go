@@ -244,3 +244,8 @@ func (h *hookPublisher) Publish(ctx context.Context, exchange, key string, msg a
 	h.before()
 	return h.pub.Publish(ctx, exchange, key, msg)
 }
+
+func (h *hookPublisher) PublishAsync(ctx context.Context, exchange, key string, msg amqp.Publishing, done func(error)) error {
+	h.before()
+	return h.pub.(outbox.AsyncPublisher).PublishAsync(ctx, exchange, key, msg, done)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -38,54 +39,56 @@ func held(t *testing.T, db *sql.DB, ob *outbox.Outbox) int {
 // under a context that outlives the shutdown timeout, and every row not
 // confirmed is handed back, due at once.
 func TestShutdownRecordsConfirmsAndHandsBackTheRest(t *testing.T) {
-	for _, shutdown := range []time.Duration{500 * time.Millisecond, 0} {
-		t.Run("shutdown timeout "+shutdown.String(), func(t *testing.T) {
-			const rows, confirms = 25, 10
-			ob, db, _ := setup(t, outbox.WithWorkers(1), outbox.WithConcurrency(confirms), outbox.WithShutdownTimeout(shutdown))
-			q, _ := queue(t)
-			for i := range rows {
-				enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "m" + strconv.Itoa(i)})
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			// 1.5 s each way: a confirm comes 3 s after its publish, so the
-			// publishes the first confirms make room for are still
-			// unconfirmed when the shutdown timeout ends.
-			rec := &confirmRecorder{pub: slowPublisher(t, 1500*time.Millisecond), confirmed: map[string]int{}}
-			rec.hook = func(n int) {
-				if n == confirms {
-					cancel()
+	for _, mode := range publishModes {
+		for _, shutdown := range []time.Duration{500 * time.Millisecond, 0} {
+			t.Run(mode.name+"/shutdown timeout "+shutdown.String(), func(t *testing.T) {
+				const rows, confirms = 25, 10
+				ob, db, _ := setup(t, outbox.WithWorkers(1), outbox.WithConcurrency(confirms), outbox.WithShutdownTimeout(shutdown))
+				q, _ := queue(t)
+				for i := range rows {
+					enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "m" + strconv.Itoa(i)})
 				}
-			}
-			if err := ob.Relay(rec).Run(ctx); err != nil {
-				t.Fatal(err)
-			}
-			list, err := ob.List(context.Background(), outbox.ListOptions{Limit: rows})
-			if err != nil {
-				t.Fatal(err)
-			}
-			sent := 0
-			for _, r := range list {
-				switch confirmed := rec.wasConfirmed(r.MessageID); {
-				case r.Status == outbox.StatusSent && !confirmed:
-					t.Errorf("row %d is sent without a confirm", r.ID)
-				case r.Status != outbox.StatusSent && confirmed:
-					t.Errorf("row %d was confirmed but is %s: a restart sends it again", r.ID, r.Status)
-				case r.Status == outbox.StatusInFlight && r.RetriedCount != 0:
-					t.Errorf("row %d counts %d tries for a shutdown", r.ID, r.RetriedCount)
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				// 1.5 s each way: a confirm comes 3 s after its publish, so the
+				// publishes the first confirms make room for are still
+				// unconfirmed when the shutdown timeout ends.
+				rec := &confirmRecorder{pub: slowPublisher(t, 1500*time.Millisecond), confirmed: map[string]int{}}
+				rec.hook = func(n int) {
+					if n == confirms {
+						cancel()
+					}
 				}
-				if r.Status == outbox.StatusSent {
-					sent++
+				if err := relayIn(ob, mode.async, rec).Run(ctx); err != nil {
+					t.Fatal(err)
 				}
-			}
-			if n := held(t, db, ob); n > 0 {
-				t.Errorf("%d rows not confirmed are still claimed after Run returned: they wait out the lease", n)
-			}
-			if sent < confirms {
-				t.Errorf("%d rows marked sent, want the %d the broker confirmed before the shutdown", sent, confirms)
-			}
-			t.Logf("%d rows confirmed and marked sent, %d handed back", sent, rows-sent)
-		})
+				list, err := ob.List(context.Background(), outbox.ListOptions{Limit: rows})
+				if err != nil {
+					t.Fatal(err)
+				}
+				sent := 0
+				for _, r := range list {
+					switch confirmed := rec.wasConfirmed(r.MessageID); {
+					case r.Status == outbox.StatusSent && !confirmed:
+						t.Errorf("row %d is sent without a confirm", r.ID)
+					case r.Status != outbox.StatusSent && confirmed:
+						t.Errorf("row %d was confirmed but is %s: a restart sends it again", r.ID, r.Status)
+					case r.Status == outbox.StatusInFlight && r.RetriedCount != 0:
+						t.Errorf("row %d counts %d tries for a shutdown", r.ID, r.RetriedCount)
+					}
+					if r.Status == outbox.StatusSent {
+						sent++
+					}
+				}
+				if n := held(t, db, ob); n > 0 {
+					t.Errorf("%d rows not confirmed are still claimed after Run returned: they wait out the lease", n)
+				}
+				if sent < confirms {
+					t.Errorf("%d rows marked sent, want the %d the broker confirmed before the shutdown", sent, confirms)
+				}
+				t.Logf("%d rows confirmed and marked sent, %d handed back", sent, rows-sent)
+			})
+		}
 	}
 }
 
@@ -171,6 +174,20 @@ func (p *routePublisher) Publish(ctx context.Context, exchange, key string, msg 
 	return p.stuck.Publish(ctx, exchange, key, msg)
 }
 
+func (p *routePublisher) PublishAsync(ctx context.Context, exchange, key string, msg amqp.Publishing, done func(error)) error {
+	if key != p.stuckKey {
+		return p.pub.(outbox.AsyncPublisher).PublishAsync(ctx, exchange, key, msg, done)
+	}
+	err := p.stuck.(outbox.AsyncPublisher).PublishAsync(ctx, exchange, key, msg, func(err error) {
+		p.stuckEnded.Add(1)
+		done(err)
+	})
+	if err != nil {
+		p.stuckEnded.Add(1)
+	}
+	return err
+}
+
 // Defect 3 of issue 35: one destination that never confirms (a quorum
 // queue without its majority; here a connection that hangs) throttled the
 // whole relay: a pass recorded its outcomes, and claimed the next batch,
@@ -179,6 +196,12 @@ func (p *routePublisher) Publish(ctx context.Context, exchange, key string, msg 
 // every healthy row is sent while the stuck ones still wait for their
 // confirms.
 func TestStuckDestinationCostsOnlyItsOwnRows(t *testing.T) {
+	for _, mode := range publishModes {
+		t.Run(mode.name, func(t *testing.T) { stuckDestinationCostsOnlyItsOwnRows(t, mode.async) })
+	}
+}
+
+func stuckDestinationCostsOnlyItsOwnRows(t *testing.T, async bool) {
 	const rows, every = 1000, 100
 	ob, db, _ := setup(t)
 	q, _ := queue(t)
@@ -204,7 +227,7 @@ func TestStuckDestinationCostsOnlyItsOwnRows(t *testing.T) {
 	}
 	const publishTimeout = 30 * time.Second
 	began := time.Now()
-	start(t, ob.Relay(pub, outbox.WithPublishTimeout(publishTimeout), outbox.WithShutdownTimeout(500*time.Millisecond)))
+	start(t, relayIn(ob, async, pub, outbox.WithPublishTimeout(publishTimeout), outbox.WithShutdownTimeout(500*time.Millisecond)))
 	eventually(t, publishTimeout, "every healthy row sent", func() bool {
 		if n := pub.stuckEnded.Load(); n > 0 {
 			t.Fatalf("a publish to the stuck destination ended (%d) before the healthy rows were all sent", n)
@@ -223,6 +246,12 @@ func TestStuckDestinationCostsOnlyItsOwnRows(t *testing.T) {
 // connection whose stuck send outlived its caller's context, so the relay's
 // publishes end with the grace period, and the rows are handed back.
 func TestFrozenBrokerDoesNotHoldRunPastItsShutdownTimeout(t *testing.T) {
+	for _, mode := range publishModes {
+		t.Run(mode.name, func(t *testing.T) { frozenBrokerDoesNotHoldRun(t, mode.async) })
+	}
+}
+
+func frozenBrokerDoesNotHoldRun(t *testing.T, async bool) {
 	const rows = 40
 	const shutdown = time.Second
 	ob, db, _ := setup(t, outbox.WithShutdownTimeout(shutdown))
@@ -248,7 +277,7 @@ func TestFrozenBrokerDoesNotHoldRunPastItsShutdownTimeout(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- ob.Relay(hooked).Run(ctx) }()
+	go func() { done <- relayIn(ob, async, hooked).Run(ctx) }()
 	<-frozen
 	time.Sleep(500 * time.Millisecond) // the writes back up in the socket buffers
 	cancel()
@@ -271,4 +300,69 @@ func TestFrozenBrokerDoesNotHoldRunPastItsShutdownTimeout(t *testing.T) {
 	if n := held(t, db, ob); n > 0 {
 		t.Logf("%d rows whose publishes were cut stay claimed until the lease ends", n)
 	}
+}
+
+// Issue 35's cost: the relay published each row from a goroutine that
+// waited for the row's confirm, up to WithConcurrency (a batch, 500, by
+// default) per worker. Through a *publisher.Publisher it now publishes with
+// PublishAsync: confirms come to callbacks, and no goroutine waits on one.
+// With every confirm held back, the bare publisher's relay holds a few
+// goroutines for 400 rows awaiting their confirms; the same relay made to
+// use Publish holds one per row (which the test checks too, to show that it
+// can see them). When the confirms come, every row is sent once.
+func TestRelayAwaitsConfirmsWithoutAGoroutineEach(t *testing.T) {
+	const rows = 400
+	for _, mode := range publishModes {
+		t.Run(mode.name, func(t *testing.T) {
+			ob, db, _ := setup(t, outbox.WithWorkers(1))
+			q, deliveries := queue(t)
+			for i := range rows {
+				enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "m" + strconv.Itoa(i)})
+			}
+			proxy, url := brokertest.Proxy(t)
+			// A heartbeat long enough that holding the confirms back does
+			// not end the connection.
+			pub, err := publisher.New(url, publisher.WithLogger(slog.New(slog.DiscardHandler)), publisher.WithHeartbeat(10*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = pub.Close() })
+			t.Cleanup(func() { proxy.Blackhole(false) }) // before the publisher closes
+			relay := ob.Relay(pub)                       // a bare publisher: PublishAsync
+			if !mode.async {
+				relay.PublishAsyncThrough(nil)
+			}
+			before := runtime.NumGoroutine()
+			proxy.Blackhole(true)
+			start(t, relay)
+			eventually(t, 20*time.Second, "every row claimed", func() bool { return held(t, db, ob) == rows })
+			peak := 0
+			for range 50 { // the publishes start as the claim returns
+				peak = max(peak, runtime.NumGoroutine())
+				time.Sleep(20 * time.Millisecond)
+			}
+			proxy.Blackhole(false)
+			counts := countDeliveries(t, deliveries)
+			eventually(t, 30*time.Second, "every row sent", func() bool { return sentRows(t, db, ob) == rows })
+			eventually(t, 10*time.Second, "every message delivered", func() bool { return len(counts()) == rows })
+			t.Logf("%d rows awaiting their confirms: %d goroutines, %d before the relay started", rows, peak, before)
+			extra := peak - before
+			switch {
+			case mode.async && extra > 100:
+				t.Errorf("%d goroutines more than before the relay started, with %d rows awaiting their confirms: one waits on each", extra, rows)
+			case !mode.async && extra < rows:
+				t.Errorf("through Publish, %d goroutines more than before the relay started, with %d rows awaiting their confirms: want one on each, or the test does not see them", extra, rows)
+			}
+		})
+	}
+}
+
+// sentRows counts ob's rows marked sent.
+func sentRows(t *testing.T, db *sql.DB, ob *outbox.Outbox) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM ` + ob.Table() + ` WHERE status = 'sent'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -34,9 +34,17 @@ type Publisher interface {
 // Relay publishes the outbox's rows. Build it with Outbox.Relay; Run it in
 // as many processes as you like.
 type Relay struct {
-	o   *Outbox
-	pub Publisher
-	cfg config
+	o     *Outbox
+	pub   Publisher
+	async asyncPublisher // pub, when it is a *publisher.Publisher
+	cfg   config
+}
+
+// asyncPublisher is what a *publisher.Publisher offers beyond Publisher: a
+// publish whose outcome comes to a callback, so that a relay keeps many
+// rows in flight without a goroutine parked on each confirm.
+type asyncPublisher interface {
+	PublishAsync(ctx context.Context, exchange, key string, msg amqp.Publishing, done func(error)) error
 }
 
 // Relay returns a relay that publishes through pub, with opts applied over
@@ -52,7 +60,14 @@ func (o *Outbox) Relay(pub Publisher, opts ...Option) *Relay {
 	if pub == nil {
 		cfg.fail("Relay: the publisher is nil: pass a *publisher.Publisher")
 	}
-	return &Relay{o: o, pub: pub, cfg: cfg}
+	r := &Relay{o: o, pub: pub, cfg: cfg}
+	// Only a bare *publisher.Publisher is published to asynchronously: a
+	// Publisher of the caller's own, even one that embeds one, may count,
+	// trace or refuse in its Publish, which PublishAsync would bypass.
+	if p, ok := pub.(*publisher.Publisher); ok {
+		r.async = p
+	}
+	return r
 }
 
 // dbTimeout bounds each database statement of a relay, so that a database
@@ -227,19 +242,29 @@ type batch struct {
 // recorder writes the outcomes that have come in, a group at a time. So
 // claiming, publishing and recording overlap, and a row whose confirm is
 // late holds up its own slot only.
+//
+// With a *publisher.Publisher the loop publishes with PublishAsync: it
+// sends each row and goes on, and the confirm's callback hands the row to
+// the recorder, so no goroutine waits on a confirm. With any other
+// Publisher, goroutines of the worker's (at most WithConcurrency) each
+// publish a row and wait for its confirm.
 type worker struct {
 	r          *Relay
 	grace      context.Context
 	publishCtx context.Context // grace, with mandatory set
-	slots      chan struct{}   // one per publish under way
+	slots      chan struct{}   // one per publish under way, given back as the recorder takes its row
 	jobs       chan job        // to the publishing goroutines
 	limit      int             // WithConcurrency
 	started    int             // publishing goroutines; dispatch's alone
-	publishes  sync.WaitGroup
-	bytes      atomic.Int64  // message bytes of the publishes under way
-	freed      chan struct{} // a publish ended: bytes went down
-	outcomes   chan *claimed // to the recorder
-	recorded   chan struct{} // closed once the recorder has ended
+	publishes  sync.WaitGroup  // the publishing goroutines, and the async publishes awaiting their outcome
+	bytes      atomic.Int64    // message bytes of the publishes under way
+	freed      chan struct{}   // a publish ended: bytes went down
+	outcomes   outcomeQueue    // to the recorder
+	recorded   chan struct{}   // closed once the recorder has ended
+
+	// win is the deadline the async publishes started last share; dispatch's
+	// alone.
+	win *window
 
 	mu   sync.Mutex
 	halt error // publisher.ErrClosed, or a *brokerUnreachableError
@@ -262,7 +287,7 @@ func (r *Relay) startWorker(grace, keep context.Context) *worker {
 		jobs:       make(chan job),
 		limit:      limit,
 		freed:      make(chan struct{}, 1),
-		outcomes:   make(chan *claimed, r.cfg.batchSize),
+		outcomes:   outcomeQueue{wake: make(chan struct{}, 1)},
 		recorded:   make(chan struct{}),
 	}
 	go w.record(keep)
@@ -273,8 +298,12 @@ func (r *Relay) startWorker(grace, keep context.Context) *worker {
 // grace) and for the recorder to write their outcomes.
 func (w *worker) stop() {
 	close(w.jobs)
+	if w.win != nil {
+		w.win.release()
+		w.win = nil
+	}
 	w.publishes.Wait()
-	close(w.outcomes)
+	w.outcomes.close()
 	<-w.recorded
 }
 
@@ -282,24 +311,77 @@ func (w *worker) stop() {
 const maxRecordGroup = 2000
 
 // record writes the outcomes as they come in: whatever has arrived while
-// the last write ran goes in the next.
+// the last write ran goes in the next. It gives back the slots of the
+// published rows it takes: a database slower than the broker slows the
+// publishing down rather than piling outcomes up.
 func (w *worker) record(keep context.Context) {
 	defer close(w.recorded)
-	for c := range w.outcomes {
-		group := []*claimed{c}
-	gather:
-		for len(group) < maxRecordGroup {
-			select {
-			case c, ok := <-w.outcomes:
-				if !ok {
-					break gather
-				}
-				group = append(group, c)
-			default:
-				break gather
+	var group []*claimed
+	for {
+		group = w.outcomes.take(group[:0], maxRecordGroup)
+		if len(group) == 0 {
+			return
+		}
+		for _, c := range group {
+			if c.attempted {
+				<-w.slots
 			}
 		}
 		w.r.record(keep, group)
+		clear(group)
+	}
+}
+
+// outcomeQueue carries rows to the recorder. Putting never waits, so a
+// publisher's completion callback can put.
+type outcomeQueue struct {
+	mu     sync.Mutex
+	rows   []*claimed
+	closed bool
+	wake   chan struct{} // rows, or closed, after being empty
+}
+
+func (q *outcomeQueue) put(c *claimed) {
+	q.mu.Lock()
+	q.rows = append(q.rows, c)
+	first := len(q.rows) == 1
+	q.mu.Unlock()
+	if first {
+		select {
+		case q.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (q *outcomeQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take appends up to max rows to group, waiting for one; it returns none
+// only once the queue is closed and empty.
+func (q *outcomeQueue) take(group []*claimed, max int) []*claimed {
+	for {
+		q.mu.Lock()
+		n := min(len(q.rows), max)
+		group = append(group, q.rows[:n]...)
+		clear(q.rows[:n])
+		q.rows = q.rows[n:]
+		if len(q.rows) == 0 {
+			q.rows = nil // let go of the array
+		}
+		closed := q.closed
+		q.mu.Unlock()
+		if n > 0 || closed {
+			return group
+		}
+		<-q.wake
 	}
 }
 
@@ -355,7 +437,7 @@ func (w *worker) room(ctx context.Context) (int64, bool) {
 // decode is failed, the others are released, due at once.
 func (w *worker) handBack(rows []*claimed) {
 	for _, c := range rows {
-		w.outcomes <- c
+		w.outcomes.put(c)
 	}
 }
 
@@ -371,7 +453,7 @@ func (w *worker) dispatch(ctx context.Context, b *batch) {
 	r := w.r
 	for i, c := range b.rows {
 		if c.bad != nil {
-			w.outcomes <- c
+			w.outcomes.put(c)
 			continue
 		}
 		select {
@@ -393,6 +475,10 @@ func (w *worker) dispatch(ctx context.Context, b *batch) {
 		j := job{c: c, timeout: min(r.cfg.publishTimeout, left), size: int64(len(c.msg.Body))}
 		w.bytes.Add(j.size)
 		c.attempted = true
+		if r.async != nil {
+			w.publishAsync(j)
+			continue
+		}
 		// The publishing goroutines live as long as the worker: one
 		// started per row would grow its stack anew on every publish.
 		if w.started < w.limit {
@@ -421,22 +507,83 @@ type job struct {
 func (w *worker) publishLoop(j job) {
 	defer w.publishes.Done()
 	for ok := true; ok; j, ok = <-w.jobs {
-		c := j.c
-		c.result = w.r.publishOne(w.publishCtx, c, j.timeout)
-		c.cut = w.grace.Err() != nil && errors.Is(c.result, context.Canceled)
-		c.msg = amqp.Publishing{} // the recorder needs none of it
-		w.noteHalt(c)
-		w.bytes.Add(-j.size)
-		select {
-		case w.freed <- struct{}{}:
-		default:
-		}
-		// The slot is held until the recorder takes the outcome: a
-		// database slower than the broker slows the publishing down
-		// rather than piling outcomes up.
-		w.outcomes <- c
-		<-w.slots
+		w.ended(j, w.r.publishOne(w.publishCtx, j.c, j.timeout))
 	}
+}
+
+// publishAsync sends j's row with PublishAsync; its outcome comes to
+// ended, on the publisher's completion goroutine, or at once if nothing
+// was sent.
+func (w *worker) publishAsync(j job) {
+	win := w.windowFor(time.Now().Add(j.timeout))
+	win.refs.Add(1)
+	w.publishes.Add(1)
+	err := w.r.async.PublishAsync(win.ctx, j.c.exchange, j.c.key, j.c.msg, func(err error) {
+		w.ended(j, err)
+		win.release()
+		w.publishes.Done()
+	})
+	if err != nil {
+		w.ended(j, err)
+		win.release()
+		w.publishes.Done()
+	}
+}
+
+// ended takes j's outcome and hands the row to the recorder. It never
+// waits: it may run on the publisher's completion goroutine.
+func (w *worker) ended(j job, err error) {
+	c := j.c
+	c.result = err
+	c.cut = w.grace.Err() != nil && errors.Is(err, context.Canceled)
+	c.msg = amqp.Publishing{} // the recorder needs none of it
+	w.noteHalt(c)
+	w.bytes.Add(-j.size)
+	select {
+	case w.freed <- struct{}{}:
+	default:
+	}
+	w.outcomes.put(c)
+}
+
+// A window is a deadline that async publishes started close together
+// share, so that each does not make a context and a timer of its own. Its
+// context is cancelled once it is no longer the newest and its last
+// publish has ended (or at its deadline).
+type window struct {
+	ctx      context.Context
+	cancel   context.CancelFunc
+	deadline time.Time
+	refs     atomic.Int64 // its publishes under way, plus one while it is the newest
+}
+
+func (win *window) release() {
+	if win.refs.Add(-1) == 0 {
+		win.cancel()
+	}
+}
+
+// windowSlack is how much earlier than its own a publish's deadline may be
+// when it shares a window; at most a twentieth of the publish timeout.
+const windowSlack = 100 * time.Millisecond
+
+// windowFor returns a window whose deadline is at most deadline and not
+// much earlier. Publishes start in the order of their deadlines (the
+// timeout, or the lease's end, which only grows from claim to claim), so
+// the newest window almost always fits.
+func (w *worker) windowFor(deadline time.Time) *window {
+	slack := min(windowSlack, w.r.cfg.publishTimeout/20)
+	if win := w.win; win != nil && !deadline.Before(win.deadline) && deadline.Sub(win.deadline) <= slack {
+		return win
+	}
+	ctx, cancel := context.WithDeadline(w.publishCtx, deadline)
+	win := &window{ctx: ctx, cancel: cancel, deadline: deadline}
+	win.refs.Store(1)
+	if w.win != nil {
+		w.win.release()
+	}
+	w.win = win
+	return win
 }
 
 // noteHalt remembers a publish that found the publisher closed or without
@@ -536,7 +683,10 @@ func (r *Relay) claim(ctx context.Context, db queryer, token int64, lease time.D
 	defer rs.Close()
 	for rs.Next() {
 		c := &claimed{}
-		var props, body []byte
+		// The properties are decoded (copied) before the next row: the
+		// driver's buffer serves, without a copy of its own.
+		var props sql.RawBytes
+		var body []byte
 		if err := rs.Scan(&c.id, &c.messageID, &c.exchange, &c.key, &c.tries, &props, &body, &found); err != nil {
 			return nil, 0, pgsql.RedactErr(err)
 		}
