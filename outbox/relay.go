@@ -50,6 +50,11 @@ type asyncPublisher interface {
 // Relay returns a relay that publishes through pub, with opts applied over
 // the Outbox's options (WithTable is ignored: a relay works on its Outbox's
 // table). Invalid options make Run fail at once.
+//
+// With a *publisher.Publisher the relay publishes with its PublishAsync,
+// and no goroutine waits on a confirm; any other Publisher (a wrapper of
+// your own, even one that embeds a *publisher.Publisher) is called through
+// Publish, by a goroutine per publish under way.
 func (o *Outbox) Relay(pub Publisher, opts ...Option) *Relay {
 	cfg := o.cfg
 	cfg.errs = nil
