@@ -79,6 +79,32 @@ func (c *confirmRecorder) ended(id string, err error) {
 	}
 }
 
+// checkSentOnlyIfConfirmed checks, after a relay stopped, each of ob's
+// first rows against rec: sent only if the broker confirmed it, confirmed
+// only if sent (or it is sent again), no try counted for the shutdown. It
+// returns how many are sent.
+func checkSentOnlyIfConfirmed(t *testing.T, ob *outbox.Outbox, rec *confirmRecorder, rows int) (sent int) {
+	t.Helper()
+	list, err := ob.List(context.Background(), outbox.ListOptions{Limit: rows})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range list {
+		switch confirmed := rec.wasConfirmed(r.MessageID); {
+		case r.Status == outbox.StatusSent && !confirmed:
+			t.Errorf("row %d is sent without a confirm", r.ID)
+		case r.Status != outbox.StatusSent && confirmed:
+			t.Errorf("row %d was confirmed but is %s: it will be sent again", r.ID, r.Status)
+		case r.Status == outbox.StatusInFlight && r.RetriedCount != 0:
+			t.Errorf("row %d counts %d tries for a shutdown", r.ID, r.RetriedCount)
+		}
+		if r.Status == outbox.StatusSent {
+			sent++
+		}
+	}
+	return sent
+}
+
 func (c *confirmRecorder) wasConfirmed(id string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -292,24 +318,7 @@ func TestShutdownRecordsTheConfirmsItHas(t *testing.T) {
 	if err := ob.Relay(rec).Run(ctx); err != nil {
 		t.Fatal(err)
 	}
-	list, err := ob.List(context.Background(), outbox.ListOptions{Limit: rows})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sent := 0
-	for _, r := range list {
-		switch confirmed := rec.wasConfirmed(r.MessageID); {
-		case r.Status == outbox.StatusSent && !confirmed:
-			t.Errorf("row %d is sent without a confirm", r.ID)
-		case r.Status != outbox.StatusSent && confirmed:
-			t.Errorf("row %d was confirmed but is %s: it will be sent again", r.ID, r.Status)
-		case r.Status == outbox.StatusInFlight && r.RetriedCount != 0:
-			t.Errorf("row %d counts %d tries for a shutdown", r.ID, r.RetriedCount)
-		}
-		if r.Status == outbox.StatusSent {
-			sent++
-		}
-	}
+	sent := checkSentOnlyIfConfirmed(t, ob, rec, rows)
 	if sent < 100 || sent == rows {
 		t.Fatalf("%d of %d rows sent; the shutdown came after the 100th confirm", sent, rows)
 	}

@@ -62,24 +62,7 @@ func TestShutdownRecordsConfirmsAndHandsBackTheRest(t *testing.T) {
 				if err := relayIn(ob, mode.async, rec).Run(ctx); err != nil {
 					t.Fatal(err)
 				}
-				list, err := ob.List(context.Background(), outbox.ListOptions{Limit: rows})
-				if err != nil {
-					t.Fatal(err)
-				}
-				sent := 0
-				for _, r := range list {
-					switch confirmed := rec.wasConfirmed(r.MessageID); {
-					case r.Status == outbox.StatusSent && !confirmed:
-						t.Errorf("row %d is sent without a confirm", r.ID)
-					case r.Status != outbox.StatusSent && confirmed:
-						t.Errorf("row %d was confirmed but is %s: a restart sends it again", r.ID, r.Status)
-					case r.Status == outbox.StatusInFlight && r.RetriedCount != 0:
-						t.Errorf("row %d counts %d tries for a shutdown", r.ID, r.RetriedCount)
-					}
-					if r.Status == outbox.StatusSent {
-						sent++
-					}
-				}
+				sent := checkSentOnlyIfConfirmed(t, ob, rec, rows)
 				if n := held(t, db, ob); n > 0 {
 					t.Errorf("%d rows not confirmed are still claimed after Run returned: they wait out the lease", n)
 				}
