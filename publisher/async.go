@@ -10,6 +10,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/amqpretry/amqpretry/internal/pubasync"
 )
 
 // PublishAsync sends msg like Publish and returns once it is sent (or could
@@ -41,10 +43,27 @@ import (
 // as it does Publish's: its end fails the publish with ErrNotConfirmed,
 // and so does the confirm timeout (WithConfirmTimeout).
 func (p *Publisher) PublishAsync(ctx context.Context, exchange, key string, msg amqp.Publishing, done func(error)) (err error) {
+	return p.publishAsync(ctx, exchange, key, msg, p.mandatory(ctx), 0, done)
+}
+
+func init() {
+	pubasync.Publish = func(p any, ctx context.Context, exchange, key string, msg amqp.Publishing, mandatory bool, timeout time.Duration, done func(error)) error {
+		return p.(*Publisher).publishAsync(ctx, exchange, key, msg, mandatory, timeout, done)
+	}
+}
+
+// publishAsync is PublishAsync with mandatory given, and, when timeout > 0,
+// bounded by it as by a context.WithTimeout of ctx, without one: the
+// confirm's deadline is the earlier of the confirm timeout and the publish's,
+// and a bounded context is made only for what must wait (for room, a
+// channel, a send slot, a send again), which a healthy flood never does. A
+// recoverer's copy saves so a timer, a context and a watch on it per
+// message.
+func (p *Publisher) publishAsync(ctx context.Context, exchange, key string, msg amqp.Publishing, mandatory bool, timeout time.Duration, done func(error)) (err error) {
 	if done == nil {
 		return errNoDone
 	}
-	pub := &publication{p: p, exchange: exchange, key: key, msg: msg, done: done, began: time.Now()}
+	pub := &publication{p: p, exchange: exchange, key: key, msg: msg, done: done, began: time.Now(), mandatory: mandatory, timeout: timeout}
 	pub.ctx, pub.span = p.startSend(ctx, exchange, key, &pub.msg)
 	ctx = pub.ctx
 	returned := func(err error) error {
@@ -57,28 +76,45 @@ func (p *Publisher) PublishAsync(ctx context.Context, exchange, key string, msg 
 	if !p.enterAsync() {
 		return returned(ErrClosed)
 	}
-	if err := p.takeRoom(ctx, exchange, key); err != nil {
-		p.leaveAsync()
-		return returned(err)
+	// wait is the context of what must wait: ctx, bounded by the timeout.
+	wait, cancelWait := ctx, context.CancelFunc(nil)
+	bounded := func() context.Context {
+		if timeout > 0 && cancelWait == nil {
+			wait, cancelWait = context.WithDeadline(ctx, pub.deadline())
+		}
+		return wait
+	}
+	defer func() {
+		if cancelWait != nil {
+			cancelWait()
+		}
+	}()
+	if !p.roomNow() {
+		if err := p.takeRoom(bounded(), exchange, key); err != nil {
+			p.leaveAsync()
+			return returned(err)
+		}
 	}
 	gone := func(err error) error {
 		<-p.room
 		p.leaveAsync()
 		return returned(err)
 	}
-	if ctx.Err() != nil {
-		return gone(&notConfirmedError{exchange: exchange, key: key, cause: ctx.Err()})
+	if err := pub.ended(ctx); err != nil {
+		return gone(&notConfirmedError{exchange: exchange, key: key, cause: err})
 	}
-	cc, err := p.pickChannel(ctx, exchange, key)
-	if err != nil {
-		return gone(pub.tries.noChannel(exchange, key, err))
+	cc := p.channelNow()
+	if cc == nil {
+		if cc, err = p.pickChannel(bounded(), exchange, key); err != nil {
+			return gone(pub.tries.noChannel(exchange, key, err))
+		}
 	}
-	f, err := cc.send(ctx, exchange, key, &pub.msg, p.mandatory(ctx), pub)
+	f, err := cc.send(ctx, exchange, key, &pub.msg, mandatory, pub, bounded)
 	if err != nil {
 		// Nothing is in flight: the outcome, or the next send, is ours to
 		// decide here.
 		pub.tries.noteSend(f, err)
-		final, again := pub.tries.after(ctx, exchange, key, err)
+		final, again := pub.tries.after(pub.boundedOrEnded(), exchange, key, err)
 		if !again {
 			if pub.tries.sent {
 				pub.complete(final) // the write may have gone out: done says so
@@ -100,12 +136,20 @@ func (p *Publisher) PublishAsync(ctx context.Context, exchange, key string, msg 
 
 var errNoDone = errors.New("publisher: PublishAsync needs a done func to call with the outcome")
 
-// takeRoom waits for room for one more async publish (WithMaxInFlight).
-func (p *Publisher) takeRoom(ctx context.Context, exchange, key string) error {
+// roomNow takes room for one more async publish if there is some.
+func (p *Publisher) roomNow() bool {
 	select {
 	case p.room <- struct{}{}:
-		return nil
+		return true
 	default:
+		return false
+	}
+}
+
+// takeRoom waits for room for one more async publish (WithMaxInFlight).
+func (p *Publisher) takeRoom(ctx context.Context, exchange, key string) error {
+	if p.roomNow() {
+		return nil
 	}
 	select {
 	case p.room <- struct{}{}:
@@ -134,6 +178,8 @@ type publication struct {
 	span          trace.Span
 	began         time.Time
 	tries         tries // read and written by one goroutine at a time: see outcome
+	mandatory     bool
+	timeout       time.Duration // > 0: the publish's own bound besides ctx (publishAsync)
 
 	err error // the outcome, for the completion goroutine
 
@@ -142,6 +188,44 @@ type publication struct {
 	stopWatch func() bool // undoes the context's watch
 	isolation *time.Timer // the confirm deadline while the isolator searches
 }
+
+// deadline is when the publish's timeout ends it; zero without one.
+func (pub *publication) deadline() time.Time {
+	if pub.timeout <= 0 {
+		return time.Time{}
+	}
+	return pub.began.Add(pub.timeout)
+}
+
+// ended is the error of ctx, or of the publish's timeout, once either ended.
+func (pub *publication) ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if pub.timeout > 0 && !time.Now().Before(pub.deadline()) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// boundedOrEnded is what tries.after needs of the publish's context: only
+// whether it ended, and why.
+func (pub *publication) boundedOrEnded() context.Context {
+	if pub.timeout > 0 {
+		if err := pub.ended(pub.ctx); err != nil && pub.ctx.Err() == nil {
+			return endedContext{Context: pub.ctx, err: err}
+		}
+	}
+	return pub.ctx
+}
+
+// endedContext is a context seen as ended with err (the publish's timeout).
+type endedContext struct {
+	context.Context
+	err error
+}
+
+func (c endedContext) Err() error { return c.err }
 
 // outcome takes the outcome of one of pub's sends, the first to come for
 // it. The decision is Publish's (tries.after); only one send is in flight
@@ -155,7 +239,7 @@ func (pub *publication) outcome(f *inflight, err error) {
 		return
 	}
 	pub.tries.sent = true
-	final, again := pub.tries.after(pub.ctx, pub.exchange, pub.key, err)
+	final, again := pub.tries.after(pub.boundedOrEnded(), pub.exchange, pub.key, err)
 	if !again {
 		pub.complete(final)
 		return
@@ -170,21 +254,37 @@ func (pub *publication) sendAgain(failed *confirmChannel, err error) {
 	pub.p.resends.Add(1)
 	go func() {
 		defer pub.p.resends.Done()
-		if failed != nil {
-			pub.p.afterSendFailure(pub.ctx, failed, err)
+		// Publish's loop, with the mandatory flag and the timeout that
+		// publishAsync had as arguments.
+		ctx := WithMandatoryContext(pub.ctx, pub.mandatory)
+		if pub.timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, pub.deadline())
+			defer cancel()
 		}
-		pub.complete(pub.p.deliver(pub.ctx, pub.exchange, pub.key, &pub.msg, &pub.tries))
+		if failed != nil {
+			pub.p.afterSendFailure(ctx, failed, err)
+		}
+		pub.complete(pub.p.deliver(ctx, pub.exchange, pub.key, &pub.msg, &pub.tries))
 	}()
 }
 
 // watchContext fails the first send when ctx ends before its outcome, as
 // Publish's await does.
 func (pub *publication) watchContext(cc *confirmChannel, f *inflight) {
-	stop := context.AfterFunc(pub.ctx, func() {
+	ended := func() {
 		cc.forget(f.tag)
 		f.abandoned.Store(true)
 		pub.outcome(f, &notConfirmedError{exchange: pub.exchange, key: pub.key, cause: pub.ctx.Err()})
-	})
+	}
+	var stop func() bool
+	if af, ok := pub.ctx.(afterFuncer); ok {
+		// Its own AfterFunc, as context.AfterFunc would call it, without
+		// the context that one wraps around it.
+		stop = af.AfterFunc(ended)
+	} else {
+		stop = context.AfterFunc(pub.ctx, ended)
+	}
 	pub.mu.Lock()
 	if pub.finished {
 		pub.mu.Unlock()
@@ -195,12 +295,18 @@ func (pub *publication) watchContext(cc *confirmChannel, f *inflight) {
 	pub.mu.Unlock()
 }
 
+// afterFuncer is a context that tells of its end itself (as the context
+// package's own do, and the listener's for a recoverer's work).
+type afterFuncer interface {
+	AfterFunc(func()) func() bool
+}
+
 // expireAt fails f at its confirm deadline while the isolator, which took
 // it from its dead channel, searches.
 func (pub *publication) expireAt(f *inflight) {
 	t := time.AfterFunc(time.Until(f.deadline), func() {
 		f.abandoned.Store(true)
-		pub.outcome(f, pub.timedOut())
+		pub.outcome(f, pub.timedOut(f))
 	})
 	pub.mu.Lock()
 	if pub.finished {
@@ -212,7 +318,12 @@ func (pub *publication) expireAt(f *inflight) {
 	pub.mu.Unlock()
 }
 
-func (pub *publication) timedOut() error {
+// timedOut is the error of a send failed at its confirm deadline, f's.
+func (pub *publication) timedOut(f *inflight) error {
+	if pub.timeout > 0 && !f.deadline.Before(pub.deadline()) {
+		// The publish's own timeout, as a context.WithTimeout's end.
+		return &notConfirmedError{exchange: pub.exchange, key: pub.key, cause: context.DeadlineExceeded}
+	}
 	return &notConfirmedError{exchange: pub.exchange, key: pub.key, cause: fmt.Errorf("no confirm within %v (WithConfirmTimeout)", pub.p.cfg.confirmTimeout)}
 }
 

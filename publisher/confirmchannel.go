@@ -52,13 +52,16 @@ type confirmChannel struct {
 	mu       sync.Mutex
 	pending  map[uint64]*inflight
 	sendDone <-chan struct{} // the context of the latest send: see abandonedSend
-	dead     atomic.Bool     // set under mu; read without it by pickChannel
+	// sendDeadline is when the latest send's publish times out, if it has a
+	// timeout of its own besides its context (publishAsync); else zero.
+	sendDeadline time.Time
+	dead         atomic.Bool // set under mu; read without it by pickChannel
 
-	// expiring holds the async publishes sent on the channel, in the order
-	// sent, so in the order of their confirm deadlines (one confirm timeout
-	// for all): the watcher fails the oldest still pending when expiry
-	// fires. Guarded by mu; settled ones are dropped from the front as
-	// confirms come, in the same order.
+	// expiring holds the async publishes sent on the channel in the order
+	// of their confirm deadlines (mostly the order sent: one confirm timeout
+	// for all, but for a publish with a shorter timeout of its own): the
+	// watcher fails the first still pending when expiry fires. Guarded by
+	// mu; settled ones are dropped from the front as confirms come.
 	expiring []*inflight
 	expiry   *time.Timer // armed whenever expiring is not empty
 
@@ -229,13 +232,27 @@ func openConfirmChannel(conn *amqp.Connection, died chan<- *confirmChannel, isol
 // send publishes msg and registers it before the broker can answer. With
 // pub, it is an async publish's send: its outcome goes to pub, and the
 // watcher fails it at its confirm deadline.
-func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *amqp.Publishing, mandatory bool, pub *publication) (*inflight, error) {
+//
+// bounded, if not nil, returns ctx bounded by the publish's timeout, for a
+// send that must wait for its slot (see publishAsync).
+func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *amqp.Publishing, mandatory bool, pub *publication, bounded func() context.Context) (*inflight, error) {
 	select {
 	case cc.sendSlot <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	default:
+		if bounded != nil {
+			ctx = bounded()
+		}
+		select {
+		case cc.sendSlot <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	defer func() { <-cc.sendSlot }()
+	var deadline time.Time // the publish's own, for abandonedSend
+	if pub != nil {
+		deadline = pub.deadline()
+	}
 
 	tag := cc.published + 1
 	f := &inflight{
@@ -255,7 +272,7 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 		return nil, &channelLostError{}
 	}
 	cc.pending[tag] = f
-	cc.sendDone = ctx.Done()
+	cc.sendDone, cc.sendDeadline = ctx.Done(), deadline
 	cc.mu.Unlock()
 
 	cc.sendingSince.Store(time.Now().UnixNano())
@@ -280,25 +297,34 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 	}
 	cc.published = tag
 	if pub != nil {
-		cc.expireLater(f, pub.p.cfg.confirmTimeout)
+		due := time.Now().Add(pub.p.cfg.confirmTimeout)
+		if !deadline.IsZero() && deadline.Before(due) {
+			due = deadline
+		}
+		cc.expireLater(f, due)
 	}
 	return f, nil
 }
 
-// expireLater queues f, just sent, to be failed if no confirm comes within
-// timeout. Sends are serialised (sendSlot), so the queue stays in the order
-// of the deadlines.
-func (cc *confirmChannel) expireLater(f *inflight, timeout time.Duration) {
+// expireLater queues f, just sent, to be failed if no confirm comes by
+// deadline. The queue is kept in the order of the deadlines: sends are
+// serialised (sendSlot) and most share the confirm timeout, so f goes at
+// the end but for a publish whose own timeout is shorter (publishAsync).
+func (cc *confirmChannel) expireLater(f *inflight, deadline time.Time) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
-	f.deadline = time.Now().Add(timeout)
+	f.deadline = deadline
 	if cc.dead.Load() {
 		return // die has taken the pending, f with them if it was still there
 	}
-	if len(cc.expiring) == 0 {
-		cc.expiry.Reset(timeout)
+	i := len(cc.expiring)
+	for i > 0 && cc.expiring[i-1].deadline.After(deadline) {
+		i--
 	}
-	cc.expiring = append(cc.expiring, f)
+	cc.expiring = slices.Insert(cc.expiring, i, f)
+	if i == 0 {
+		cc.expiry.Reset(time.Until(deadline))
+	}
 }
 
 // expire fails the async publishes whose confirm deadline has passed and
@@ -324,7 +350,7 @@ func (cc *confirmChannel) expire() {
 	cc.mu.Unlock()
 	for _, f := range expired {
 		f.abandoned.Store(true)
-		f.finish(f.async.timedOut())
+		f.finish(f.async.timedOut(f))
 	}
 }
 
@@ -357,8 +383,11 @@ func (cc *confirmChannel) abandonedSend(now time.Time, d time.Duration) bool {
 		return false
 	}
 	cc.mu.Lock()
-	done := cc.sendDone
+	done, deadline := cc.sendDone, cc.sendDeadline
 	cc.mu.Unlock()
+	if !deadline.IsZero() && !now.Before(deadline) {
+		return true
+	}
 	select {
 	case <-done:
 		return true

@@ -196,7 +196,7 @@ func (iso *isolator) round(group []*inflight) (suspects, unsent []*inflight, cau
 	}
 	sent := make([]*inflight, len(group)) // the copy sent on cc
 	for i, f := range group {
-		g, err := cc.send(iso.ctx, f.exchange, f.key, f.msg, f.mandatory, nil)
+		g, err := cc.send(iso.ctx, f.exchange, f.key, f.msg, f.mandatory, nil, nil)
 		if err == nil {
 			sent[i] = g
 			continue

@@ -210,7 +210,7 @@ func (p *Publisher) deliver(ctx context.Context, exchange, key string, msg *amqp
 		if err != nil {
 			return t.noChannel(exchange, key, err)
 		}
-		f, err := cc.send(ctx, exchange, key, msg, p.mandatory(ctx), nil)
+		f, err := cc.send(ctx, exchange, key, msg, p.mandatory(ctx), nil, nil)
 		t.noteSend(f, err)
 		if err == nil {
 			err = p.await(ctx, cc, f)
@@ -441,13 +441,8 @@ func (p *Publisher) takeSolo(ctx context.Context, exchange, key string) (*confir
 func (p *Publisher) pickChannel(ctx context.Context, exchange, key string) (*confirmChannel, error) {
 	for {
 		set := p.channels.Load()
-		if n := len(set.channels); n > 0 && !set.blocked {
-			start := int(p.next.Add(1))
-			for i := range n {
-				if cc := set.channels[(start+i)%n]; cc.alive() {
-					return cc, nil
-				}
-			}
+		if cc := p.channelOf(set); cc != nil {
+			return cc, nil
 		}
 		select {
 		case <-set.changed:
@@ -460,6 +455,22 @@ func (p *Publisher) pickChannel(ctx context.Context, exchange, key string) (*con
 			return nil, ErrClosed
 		}
 	}
+}
+
+// channelNow is pickChannel without the wait: a live channel, or nil.
+func (p *Publisher) channelNow() *confirmChannel { return p.channelOf(p.channels.Load()) }
+
+// channelOf returns a live channel of set, the next in turn, or nil.
+func (p *Publisher) channelOf(set *channelSet) *confirmChannel {
+	if n := len(set.channels); n > 0 && !set.blocked {
+		start := int(p.next.Add(1))
+		for i := range n {
+			if cc := set.channels[(start+i)%n]; cc.alive() {
+				return cc
+			}
+		}
+	}
+	return nil
 }
 
 // FrameMax is the frame size negotiated with the broker: a message's

@@ -53,11 +53,15 @@ func destination(exchange string) string {
 // nothing (no SDK set): building the span's attributes for a no-op tracer
 // was a fifth of what the publisher allocated per message.
 func (p *Publisher) startSend(ctx context.Context, exchange, key string, msg *amqp.Publishing) (context.Context, trace.Span) {
-	span := telemetry.NoSpan
-	if p.tel.Tracing(ctx) {
+	// One look up ctx's chain for the span where Tracing and the check
+	// below made two: behind a listener's chain, a long one.
+	span, parent := telemetry.NoSpan, trace.SpanContextFromContext(ctx)
+	sampled := parent.IsValid()
+	if sampled || p.tel.TracingRoot(telemetry.Mono()) {
 		ctx, span = p.startSpan(ctx, exchange, key, msg)
+		sampled = trace.SpanContextFromContext(ctx).IsValid()
 	}
-	if trace.SpanContextFromContext(ctx).IsValid() || baggage.FromContext(ctx).Len() > 0 {
+	if sampled || baggage.FromContext(ctx).Len() > 0 {
 		carrier := propagation.MapCarrier{}
 		p.tel.Propagators.Inject(ctx, carrier)
 		if len(carrier) > 0 {

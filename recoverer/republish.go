@@ -16,6 +16,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/amqphdr"
 	"github.com/amqpretry/amqpretry/internal/amqptable"
 	"github.com/amqpretry/amqpretry/internal/chainctx"
+	"github.com/amqpretry/amqpretry/internal/pubasync"
 	"github.com/amqpretry/amqpretry/middleware"
 	"github.com/amqpretry/amqpretry/middleware/chainrun"
 	"github.com/amqpretry/amqpretry/publisher"
@@ -69,6 +70,7 @@ type Republisher struct {
 	host       any // the host name, boxed once for the header table
 	keys       faultKeys
 	boxes      *faultBoxes
+	fixedWhere string // where(routingKey), when routingKey is fixed
 }
 
 // faultBoxes keep the fault headers' values boxed while they repeat (see
@@ -149,7 +151,11 @@ func Republish(pub Publisher, exchange, routingKey string, opts ...Option) *Repu
 		panic(errors.Join(errs...).Error())
 	}
 	host, _ := os.Hostname()
-	return &Republisher{pub: pub, exchange: exchange, routingKey: routingKey, cfg: cfg, host: host, keys: newFaultKeys(cfg.prefix), boxes: new(faultBoxes)}
+	r := &Republisher{pub: pub, exchange: exchange, routingKey: routingKey, cfg: cfg, host: host, keys: newFaultKeys(cfg.prefix), boxes: new(faultBoxes)}
+	if routingKey != "" {
+		r.fixedWhere = r.where(routingKey)
+	}
+	return r
 }
 
 // Recover publishes the annotated copy and returns nil once the broker has
@@ -193,9 +199,9 @@ func (r *Republisher) RecoverAsync(ctx context.Context, d *amqp.Delivery, cause 
 	}
 	key := r.key(d)
 	attempts := FailedAttempts(ctx, cause) // read now, on the chain's goroutine
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
-	err = ap.PublishAsync(publisher.WithMandatoryContext(pctx, true), r.exchange, key, msg, func(err error) {
-		cancel()
+	// As Recover's PublishAsync(WithMandatoryContext(WithTimeout(ctx))),
+	// without the timer and the two contexts per copy.
+	err = pubasync.Publish(ap, ctx, r.exchange, key, msg, true, r.cfg.publishTimeout, func(err error) {
 		if err != nil {
 			done(r.publishFailed(key, err))
 			return
@@ -204,7 +210,6 @@ func (r *Republisher) RecoverAsync(ctx context.Context, d *amqp.Delivery, cause 
 		done(nil)
 	})
 	if err != nil { // nothing was sent, and done is not called
-		cancel()
 		return false, r.publishFailed(key, err)
 	}
 	return true, nil
@@ -233,6 +238,9 @@ func (r *Republisher) publishFailed(key string, err error) error {
 
 // where says where a copy went, for the log.
 func (r *Republisher) where(key string) string {
+	if key == r.routingKey && r.fixedWhere != "" {
+		return r.fixedWhere // a fixed key: said once, not per copy
+	}
 	exchange := r.exchange
 	if exchange == "" {
 		exchange = "(the default exchange)"
