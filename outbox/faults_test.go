@@ -118,6 +118,12 @@ func (c *confirmRecorder) wasConfirmed(id string) bool {
 // were lost are sent again: those duplicates are counted and logged, and
 // carry the same MessageId for the consumer to drop.
 func TestDatabaseGoesAwayMidRelay(t *testing.T) {
+	for _, mode := range publishModes {
+		t.Run(mode.name, func(t *testing.T) { databaseGoesAwayMidRelay(t, mode.async) })
+	}
+}
+
+func databaseGoesAwayMidRelay(t *testing.T, async bool) {
 	const rows, password = 600, "s3cret-pw-0utb0x"
 	ob, db, schema := setup(t)
 	q, deliveries := queue(t)
@@ -129,7 +135,11 @@ func TestDatabaseGoesAwayMidRelay(t *testing.T) {
 	t.Cleanup(proxy.Close)
 	relayDB := dbtest.Open(t, dbtest.WithHost(t, proxy.Addr(), password))
 	logs := &testlog.Buffer{}
+	// A claim whose answer the cut loses has leased its rows all the same:
+	// they wait out the lease (a minute by default, as long as the test
+	// waits for the deliveries), so the lease here is short.
 	relayOutbox, err := outbox.New(relayDB, outbox.WithTable(schema+".outbox"), outbox.WithBatchSize(50),
+		outbox.WithPublishTimeout(2*time.Second), outbox.WithLease(4*time.Second),
 		outbox.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +164,7 @@ func TestDatabaseGoesAwayMidRelay(t *testing.T) {
 			}()
 		}
 	}
-	start(t, relayOutbox.Relay(rec))
+	start(t, relayIn(relayOutbox, async, rec))
 	for i := rows / 2; i < rows; i++ { // more commits while it happens
 		enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "m" + strconv.Itoa(i)})
 		time.Sleep(time.Millisecond)
@@ -202,6 +212,12 @@ func TestDatabaseGoesAwayMidRelay(t *testing.T) {
 // Two relays on one table: with row locks and SKIP LOCKED, no message is
 // sent twice.
 func TestTwoRelaysSendEachRowOnce(t *testing.T) {
+	for _, mode := range publishModes {
+		t.Run(mode.name, func(t *testing.T) { twoRelaysSendEachRowOnce(t, mode.async) })
+	}
+}
+
+func twoRelaysSendEachRowOnce(t *testing.T, async bool) {
 	const rows = 1000
 	ob, db, _ := setup(t, outbox.WithBatchSize(20))
 	q, deliveries := queue(t)
@@ -220,8 +236,8 @@ func TestTwoRelaysSendEachRowOnce(t *testing.T) {
 	}
 	a := &confirmRecorder{pub: newPublisher(t), confirmed: map[string]int{}}
 	b := &confirmRecorder{pub: newPublisher(t), confirmed: map[string]int{}}
-	start(t, ob.Relay(a))
-	start(t, ob.Relay(b))
+	start(t, relayIn(ob, async, a))
+	start(t, relayIn(ob, async, b))
 	delivered := map[string]int{}
 	for range rows {
 		d := receive(t, deliveries, 30*time.Second)
