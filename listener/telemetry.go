@@ -173,21 +173,28 @@ func settlementAttr(s chainrun.Settlement) []attribute.KeyValue {
 
 // endProcess closes the span and records the processing time.
 func (l *Listener) endProcess(ctx context.Context, span trace.Span, began int64, err error, s chainrun.Settlement) {
-	attrs := l.attrs.ok
 	failed := s != chainrun.Ack
-	if failed {
-		attrs = l.tel.Messaging(telemetry.OperationProcess, l.queue, chainrun.ErrorType(err))
-	}
+	// The error's type (a type name, formatted) only for a span or a
+	// histogram that records it: without an SDK, a failure costs no Sprintf.
+	errType := ""
 	if span.IsRecording() {
 		span.SetAttributes(settlementAttr(s)...)
 		if failed {
+			errType = chainrun.ErrorType(err)
 			span.SetStatus(codes.Error, errtext.String(err))
-			span.SetAttributes(semconv.ErrorTypeKey.String(chainrun.ErrorType(err)))
+			span.SetAttributes(semconv.ErrorTypeKey.String(errType))
 		}
 	}
 	span.End()
 	// Without a meter provider that wants it (no SDK), skip the clock read too.
 	if h := l.tel.ProcessDuration.Float64Histogram; h.Enabled(ctx) {
+		attrs := l.attrs.ok
+		if failed {
+			if errType == "" {
+				errType = chainrun.ErrorType(err)
+			}
+			attrs = l.tel.Messaging(telemetry.OperationProcess, l.queue, errType)
+		}
 		h.Record(ctx, time.Duration(monotime()-began).Seconds(), attrs.Record...)
 	}
 }
