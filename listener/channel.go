@@ -68,6 +68,8 @@ type consumer struct {
 	// several channels at once (seeSideBySide).
 	firstAdmit, lastAdmit atomic.Int64
 	busyNanos             atomic.Int64 // handler time of finished calls
+	handlerNanos          atomic.Int64 // a running mean of the handler time of its calls (leave)
+	inlineWatch           *inlineWatch // for a handler the reader runs itself (gated)
 	calls                 atomic.Uint64
 	lastActive            atomic.Int64 // monotime of the last finished call
 
@@ -120,6 +122,8 @@ func (sv *supervisor) startConsumer(conn *amqp.Connection, ended chan<- *consume
 		finished:  make(chan struct{}),
 		spare:     make(chan struct{}),
 		ahead:     newReadAhead(),
+
+		inlineWatch: newInlineWatch(),
 	}
 	select {
 	case <-sv.interrupt:
@@ -301,6 +305,7 @@ func (c *consumer) finish() {
 		c.cancel()
 	}
 	c.pending.Wait()
+	c.inlineWatch.timer.Stop()
 	// The handled deliveries whose acks wait go now, before the channel
 	// closes, unless the channel is gone or the broker took them back.
 	c.acks.close(!c.ch.IsClosed() && !c.brokerCancelled.Load())
