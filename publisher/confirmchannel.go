@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -236,9 +237,7 @@ func openConfirmChannel(conn *amqp.Connection, died chan<- *confirmChannel, isol
 // bounded, if not nil, returns ctx bounded by the publish's timeout, for a
 // send that must wait for its slot (see publishAsync).
 func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *amqp.Publishing, mandatory bool, pub *publication, bounded func() context.Context) (*inflight, error) {
-	select {
-	case cc.sendSlot <- struct{}{}:
-	default:
+	if !cc.takeSlotSoon() {
 		if bounded != nil {
 			ctx = bounded()
 		}
@@ -304,6 +303,23 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 		cc.expireLater(f, due)
 	}
 	return f, nil
+}
+
+// takeSlotSoon takes the send slot if it is free or soon is: its holder is
+// most often in the middle of a write of a few microseconds, which is not
+// worth a bounded context and its timer (see publishAsync) for a wait.
+func (cc *confirmChannel) takeSlotSoon() bool {
+	for i := range 4 {
+		select {
+		case cc.sendSlot <- struct{}{}:
+			return true
+		default:
+		}
+		if i < 3 {
+			runtime.Gosched()
+		}
+	}
+	return false
 }
 
 // expireLater queues f, just sent, to be failed if no confirm comes by
