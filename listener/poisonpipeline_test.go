@@ -136,7 +136,9 @@ func TestPoisonFloodShutdownLosesNothing(t *testing.T) {
 	// go as the shutdown begins: it meets copies in every state.
 	proxy.Blackhole(true)
 	publishN(t, q, n)
-	brokertest.Eventually(t, 20*time.Second, "copies in flight", func() bool { return r.Stats().Parked == 50 })
+	// At least a prefetch: the scaler may have opened a second channel
+	// (and its prefetch) by then.
+	brokertest.Eventually(t, 20*time.Second, "copies in flight", func() bool { return r.Stats().Parked >= 50 })
 	proxy.Blackhole(false)
 	r.Stop(t)
 	seen := drained(t, dlq, q)
@@ -207,7 +209,10 @@ func TestPoisonFloodUnderFaults(t *testing.T) {
 		t.Parallel()
 		const n = 300
 		name := brokertest.Name(t, "listener")
-		r, q, dlq, proxy := poisonFloodTo(t, poisonSetup{prefetch: n, publishTimeout: 30 * time.Second, opts: []listener.Option{listener.WithConnectionName(name)}})
+		// A heartbeat long enough that holding the confirms back does not
+		// end the publisher's connection before every copy is in flight.
+		r, q, dlq, proxy := poisonFloodTo(t, poisonSetup{prefetch: n, publishTimeout: 30 * time.Second, heartbeat: 10 * time.Second,
+			opts: []listener.Option{listener.WithConnectionName(name)}})
 		// No confirm comes until the cut is done (rabbitmqctl alone can
 		// take longer than the flood): every original is unacked at the cut.
 		proxy.Blackhole(true)
