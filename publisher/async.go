@@ -101,7 +101,7 @@ func (p *Publisher) publishAsync(ctx context.Context, exchange, key string, msg 
 		return returned(err)
 	}
 	if err := pub.ended(ctx); err != nil {
-		return gone(&notConfirmedError{exchange: exchange, key: key, cause: err})
+		return gone(&notConfirmedError{exchange: exchange, key: key, cause: err, unsent: true})
 	}
 	cc := p.channelNow()
 	if cc == nil {
@@ -156,7 +156,7 @@ func (p *Publisher) takeRoom(ctx context.Context, exchange, key string) error {
 		return nil
 	case <-ctx.Done():
 		return &notConfirmedError{exchange: exchange, key: key,
-			cause: fmt.Errorf("waiting for one of the %d async publishes in flight to finish (WithMaxInFlight): %w", cap(p.room), ctx.Err())}
+			cause: fmt.Errorf("waiting for one of the %d async publishes in flight to finish (WithMaxInFlight): %w", cap(p.room), ctx.Err()), unsent: true}
 	case <-p.closing.Done():
 		return ErrClosed
 	}

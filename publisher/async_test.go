@@ -254,8 +254,9 @@ func TestPublishAsyncWaitsForRoom(t *testing.T) {
 	}
 	began := time.Now()
 	err := p.PublishAsync(ctxTimeout(t, 300*time.Millisecond), "", q, amqp.Publishing{Body: []byte("one too many")}, o.done(window))
-	if !errors.Is(err, publisher.ErrNotConfirmed) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "WithMaxInFlight") {
-		t.Errorf("past the window: %v, want ErrNotConfirmed naming WithMaxInFlight", err)
+	if !errors.Is(err, publisher.ErrNotConfirmed) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "WithMaxInFlight") ||
+		!strings.HasSuffix(err.Error(), "it was not sent") {
+		t.Errorf("past the window: %v, want ErrNotConfirmed naming WithMaxInFlight and saying it was not sent", err)
 	}
 	if waited := time.Since(began); waited < 300*time.Millisecond {
 		t.Errorf("returned after %v, want it to wait for room until the deadline", waited)

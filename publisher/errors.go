@@ -98,12 +98,16 @@ type notConfirmedError struct {
 	cause         error
 	lastLoss      error
 	notConnected  bool // no live channel when the context ended
+	unsent        bool // it ended before the message was sent: nothing was stored
 }
 
 func (e *notConfirmedError) Error() string {
 	msg := fmt.Sprintf("publisher: message to exchange %q with routing key %q not confirmed: %v", e.exchange, e.key, e.cause)
 	if e.lastLoss != nil {
 		msg += fmt.Sprintf(" (last connection problem: %v)", e.lastLoss)
+	}
+	if e.unsent {
+		return msg + "; it was not sent"
 	}
 	return msg + "; it may or may not have been stored"
 }

@@ -473,6 +473,12 @@ func (p *Publisher) channelOf(set *channelSet) *confirmChannel {
 	return nil
 }
 
+// MaxInFlight is WithMaxInFlight's bound: how many async publishes may
+// await their outcome at once. A caller that keeps many in flight (the
+// outbox relay) keeps within it, so that its own limit, not the wait for
+// room, decides when a publish starts.
+func (p *Publisher) MaxInFlight() int { return cap(p.room) }
+
 // FrameMax is the frame size negotiated with the broker: a message's
 // properties, headers included, must fit in one frame of this size.
 func (p *Publisher) FrameMax() int { return int(p.frameMax.Load()) }
