@@ -147,7 +147,9 @@ func WithMaxBatchBytes(n int64) Option {
 }
 
 // WithConcurrency caps the publishes each relay worker has awaiting their
-// confirms at once. Default: the batch size. WithWorkers(1) with
+// confirms at once. Default: the batch size. Through a *publisher.Publisher
+// it is at most the publisher's WithMaxInFlight (1024 by default) shared
+// out among the workers. WithWorkers(1) with
 // WithConcurrency(1) publishes strictly in id order, one confirm at a time,
 // at a fraction of the throughput.
 func WithConcurrency(n int) Option {

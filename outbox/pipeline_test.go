@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -348,4 +349,71 @@ func sentRows(t *testing.T, db *sql.DB, ob *outbox.Outbox) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// A row whose PublishAsync gave up before sending it (waiting for the
+// publisher's room, WithMaxInFlight, until the row's deadline) was never
+// sent: it goes back due at once with no try counted, as a row the broker
+// could not be reached for does, rather than a try that brings it nearer
+// to failing for good; and one that waited for room started with little of
+// its timeout left. The relay keeps its publishes within the publisher's
+// room, so rows wait for the worker's own slots instead, before their
+// timeout starts. Here the publisher has room for 3 and the broker
+// confirms nothing: 3 rows are sent and time out (a try each), and the
+// next 3 are still waiting for their confirms, with a full timeout, when
+// the relay stops.
+func TestARowThatWaitedForRoomIsNotATry(t *testing.T) {
+	const rows, room = 10, 3
+	ob, db, _ := setup(t, outbox.WithWorkers(1), outbox.WithConcurrency(rows), outbox.WithPublishTimeout(2*time.Second),
+		outbox.WithShutdownTimeout(0)) // the publishes under way at the end are cut, not timed out
+	q, _ := queue(t)
+	for i := range rows {
+		enqueue(t, db, ob, "", q, amqp.Publishing{MessageId: "m" + strconv.Itoa(i)})
+	}
+	proxy, url := brokertest.Proxy(t)
+	pub, err := publisher.New(url, publisher.WithLogger(slog.New(slog.DiscardHandler)),
+		publisher.WithHeartbeat(10*time.Second), publisher.WithMaxInFlight(room))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	t.Cleanup(func() { proxy.Blackhole(false) }) // before the publisher closes
+	proxy.Blackhole(true)
+	stop := start(t, ob.Relay(pub))
+	eventually(t, 20*time.Second, "the first publishes timed out", func() bool {
+		var tried int
+		_ = db.QueryRow(`SELECT count(*) FROM ` + ob.Table() + ` WHERE retried_count > 0`).Scan(&tried)
+		return tried >= room
+	})
+	time.Sleep(500 * time.Millisecond) // the rows that waited for room are recorded too
+	stop()
+	list, err := ob.List(context.Background(), outbox.ListOptions{Limit: rows})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tried := 0
+	for _, r := range list {
+		if r.RetriedCount > 0 {
+			tried++
+			if strings.Contains(r.LastError, "WithMaxInFlight") {
+				t.Errorf("row %d counts a try for a publish that waited for room and was never sent: %s", r.ID, r.LastError)
+			}
+		}
+	}
+	t.Logf("%d of %d rows count a try (sent, then not confirmed in time)", tried, rows)
+	if tried > room {
+		t.Errorf("%d rows count a try, want at most the %d the publisher had room for: the others started with little of their timeout left, after waiting for room", tried, room)
+	}
+}
+
+// A typed nil *publisher.Publisher (publisher.New's error ignored) is
+// refused like a nil Publisher, rather than panicking in a worker.
+func TestRelayRefusesANilPublisher(t *testing.T) {
+	ob, _, _ := setup(t)
+	var pub *publisher.Publisher
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ob.Relay(pub).Run(ctx); err == nil || !strings.Contains(err.Error(), "nil *publisher.Publisher") {
+		t.Errorf("Relay(a nil *publisher.Publisher).Run: %v, want the nil publisher refused", err)
+	}
 }

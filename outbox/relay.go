@@ -65,13 +65,17 @@ func (o *Outbox) Relay(pub Publisher, opts ...Option) *Relay {
 	if pub == nil {
 		cfg.fail("Relay: the publisher is nil: pass a *publisher.Publisher")
 	}
-	r := &Relay{o: o, pub: pub, cfg: cfg}
+	r := &Relay{o: o, pub: pub}
 	// Only a bare *publisher.Publisher is published to asynchronously: a
 	// Publisher of the caller's own, even one that embeds one, may count,
 	// trace or refuse in its Publish, which PublishAsync would bypass.
 	if p, ok := pub.(*publisher.Publisher); ok {
+		if p == nil { // publisher.New's error ignored, say
+			cfg.fail("Relay: the publisher is a nil *publisher.Publisher: pass the one publisher.New returned without an error")
+		}
 		r.async = p
 	}
+	r.cfg = cfg
 	return r
 }
 
@@ -233,6 +237,7 @@ type claimed struct {
 	attempted bool
 	result    error
 	cut       bool // the shutdown timeout ended the wait for the confirm
+	unsent    bool // PublishAsync gave up before sending it, the message not at fault
 }
 
 // batch is the rows one claim leased.
@@ -280,6 +285,13 @@ func (r *Relay) startWorker(grace, keep context.Context) *worker {
 	limit := r.cfg.concurrency
 	if limit == 0 {
 		limit = r.cfg.batchSize
+	}
+	// Through PublishAsync, the publisher's room for publishes in flight is
+	// shared out among the workers: a publish that waited for room would
+	// start with little of its timeout left, and hold up the worker while
+	// it waited.
+	if p, ok := r.async.(interface{ MaxInFlight() int }); ok {
+		limit = min(limit, max(1, p.MaxInFlight()/r.cfg.workers))
 	}
 	w := &worker{
 		r:     r,
@@ -523,16 +535,31 @@ func (w *worker) publishAsync(j job) {
 	win := w.windowFor(time.Now().Add(j.timeout))
 	win.refs.Add(1)
 	w.publishes.Add(1)
-	err := w.r.async.PublishAsync(win.ctx, j.c.exchange, j.c.key, j.c.msg, func(err error) {
+	err := w.sendAsync(win.ctx, j, func(err error) {
 		w.ended(j, err)
 		win.release()
 		w.publishes.Done()
 	})
 	if err != nil {
+		// Nothing was sent (PublishAsync's rule): unless the message
+		// itself is invalid, this is not a try, but a wait that ran out
+		// (for the publisher's room, a channel, a connection).
+		j.c.unsent = !errors.Is(err, publisher.ErrInvalidMessage)
 		w.ended(j, err)
 		win.release()
 		w.publishes.Done()
 	}
+}
+
+// sendAsync is PublishAsync of j's row, with a panic turned into an error,
+// as publishOne does for Publish.
+func (w *worker) sendAsync(ctx context.Context, j job, done func(error)) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("outbox relay: the publisher panicked: %v", v)
+		}
+	}()
+	return w.r.async.PublishAsync(ctx, j.c.exchange, j.c.key, j.c.msg, done)
 }
 
 // ended takes j's outcome and hands the row to the recorder. It never
@@ -775,10 +802,11 @@ func (r *Relay) record(keep context.Context, rows []*claimed) {
 			release(c)
 		case c.result == nil:
 			sent = append(sent, sentRow{c.id, c.token})
-		case c.cut, errors.Is(c.result, publisher.ErrClosed), errors.Is(c.result, publisher.ErrNotConnected):
-			// The shutdown timeout cut the wait for the confirm, or the
-			// publisher was closed or without a connection: not the
-			// message's fault, so not a try.
+		case c.cut, c.unsent, errors.Is(c.result, publisher.ErrClosed), errors.Is(c.result, publisher.ErrNotConnected):
+			// The shutdown timeout cut the wait for the confirm, the
+			// publish gave up before sending, or the publisher was closed
+			// or without a connection: not the message's fault, so not a
+			// try.
 			release(c)
 		default:
 			var refused *publisher.ChannelError
