@@ -163,17 +163,39 @@ func (cfg *recoverConfig) conclude(ctx context.Context, d *amqp.Delivery, cause,
 	case errors.Is(rerr, ErrReject):
 		recorded(ctx, telemetry.OutcomeRejected, nil, rule)
 		cfg.tell(ctx, d, cause, rerr, telemetry.OutcomeRejected, rule, attempts)
-		return fmt.Errorf("%w; handler error: %w", rerr, cause)
+		return &handedBackError{errs: [2]error{rerr, cause}}
 	case errors.Is(rerr, ErrRedeliver):
 		recorded(ctx, telemetry.OutcomeRedelivered, nil, rule)
 		cfg.tell(ctx, d, cause, rerr, telemetry.OutcomeRedelivered, rule, attempts)
-		return fmt.Errorf("%w; handler error: %w", rerr, cause)
+		return &handedBackError{errs: [2]error{rerr, cause}}
 	default:
 		recorded(ctx, telemetry.OutcomeRecoveryFailed, rerr, rule)
 		cfg.tell(ctx, d, cause, rerr, telemetry.OutcomeRecoveryFailed, rule, attempts)
 		return &RecoveryError{Err: rerr, Cause: cause}
 	}
 }
+
+// handedBackError is the chain's answer when the recoverer asked the
+// listener to settle the message (ErrReject, ErrRedeliver): it matches both
+// the recoverer's answer and the handler's error, as
+// fmt.Errorf("%w; handler error: %w") would, but formats them only when
+// asked. A queue that redelivers every failure (dlx's Redeliver) returns one
+// per delivery, and formatting both errors each time, for text that is
+// seldom read, was the largest cost of a failure.
+type handedBackError struct {
+	// The recoverer's answer (matching ErrReject or ErrRedeliver), then
+	// the handler's error: Unwrap's slice, which the listener walks
+	// several times per failure, made once.
+	errs [2]error
+}
+
+// Error is the text fmt.Errorf("%w; handler error: %w", answer, cause) has,
+// whatever the two errors' Error methods do.
+func (e *handedBackError) Error() string {
+	return fmt.Sprintf("%v; handler error: %v", e.errs[0], e.errs[1])
+}
+
+func (e *handedBackError) Unwrap() []error { return e.errs[:] }
 
 // DeadLettered tells the listener where a Recoverer of your own put a
 // delivery for good (a dead-letter queue of its own, a table of failures): it

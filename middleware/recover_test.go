@@ -210,3 +210,48 @@ func TestRecoverReportsItsRecovererWhenBuilt(t *testing.T) {
 		t.Errorf("survey found %v, want the inner Recover's recoverer", got)
 	}
 }
+
+type nilDerefError struct{ msg string }
+
+func (e *nilDerefError) Error() string { return e.msg }
+
+type panickyError struct{}
+
+func (panickyError) Error() string { panic("boom") }
+
+// A recoverer's ErrReject or ErrRedeliver comes back with the handler's
+// error, formatted only when asked: it says and matches what
+// fmt.Errorf("%w; handler error: %w") said and matched, even for errors whose
+// Error methods panic.
+func TestRecovererAnswerKeepsTheHandlerError(t *testing.T) {
+	var typedNil *nilDerefError
+	causes := []error{errBoom, middleware.Permanent(errBoom), &nilDerefError{"bad"}, typedNil, panickyError{}}
+	answers := []error{middleware.ErrReject, fmt.Errorf("dlx says: %w", middleware.ErrRedeliver), middleware.ErrRedeliver}
+	for _, answer := range answers {
+		for _, cause := range causes {
+			r := middleware.RecovererFunc(func(context.Context, *amqp.Delivery, error) error { return answer })
+			err := middleware.Recover(r)(func(context.Context, *amqp.Delivery) error { return cause })(context.Background(), &amqp.Delivery{})
+			want := fmt.Errorf("%w; handler error: %w", answer, cause)
+			if err.Error() != want.Error() {
+				t.Errorf("Error() = %q, want %q", err.Error(), want.Error())
+			}
+			for _, target := range []error{middleware.ErrReject, middleware.ErrRedeliver, middleware.ErrRecoveryFailed, errBoom, answer, cause} {
+				if errors.Is(err, target) != errors.Is(want, target) {
+					t.Errorf("%q: errors.Is(%v) = %v, want %v", want.Error(), target, errors.Is(err, target), errors.Is(want, target))
+				}
+			}
+			var perm *middleware.PermanentError
+			var nd *nilDerefError
+			if errors.As(err, &perm) != errors.As(want, &perm) || errors.As(err, &nd) != errors.As(want, &nd) {
+				t.Errorf("%q: errors.As differs from fmt.Errorf's", want.Error())
+			}
+			if chainrun.SettlementFor(err) != chainrun.SettlementFor(want) || middleware.IsPermanent(err) != middleware.IsPermanent(want) {
+				t.Errorf("%q: settled %v, want %v", want.Error(), chainrun.SettlementFor(err), chainrun.SettlementFor(want))
+			}
+			if chainrun.ErrorType(err) != chainrun.ErrorType(want) || fmt.Sprint(chainrun.HandlerError(err)) != fmt.Sprint(chainrun.HandlerError(want)) {
+				t.Errorf("%q: error type %q, handler error %v; want %q, %v", want.Error(),
+					chainrun.ErrorType(err), chainrun.HandlerError(err), chainrun.ErrorType(want), chainrun.HandlerError(want))
+			}
+		}
+	}
+}
