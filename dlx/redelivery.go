@@ -192,6 +192,9 @@ type RedeliveryRecoverer struct {
 	t     Topology
 	dlq   *recoverer.Republisher
 	tiers *TierRecoverer // the fallback, nil without FallbackToTiers
+	// answers[k-1] is the answer to a failure of delivery k, made once:
+	// every failure below the last returns one, and they never change.
+	answers []redeliveryError
 }
 
 var _ middleware.Recoverer = (*RedeliveryRecoverer)(nil)
@@ -238,7 +241,10 @@ func (t Topology) Redeliver(pub recoverer.Publisher, opts ...TierOption) *Redeli
 	if err != nil {
 		panic(err.Error())
 	}
-	r := &RedeliveryRecoverer{t: t, dlq: dlq}
+	r := &RedeliveryRecoverer{t: t, dlq: dlq, answers: make([]redeliveryError, t.DelayedRedelivery.Redeliveries)}
+	for k := range r.answers {
+		r.answers[k] = redeliveryError{delivery: k + 1, of: t.DelayedRedelivery.Redeliveries + 1, wait: t.DelayedRedelivery.Delay(k + 1)}
+	}
 	if t.DelayedRedelivery.FallbackToTiers {
 		r.tiers = t.TierEquivalent().Tiers(pub, append([]TierOption{MaxRetries(t.DelayedRedelivery.Redeliveries)}, opts...)...)
 	}
@@ -253,14 +259,11 @@ func (r *RedeliveryRecoverer) Recover(ctx context.Context, d *amqp.Delivery, cau
 			return r.tiers.Recover(ctx, d, cause)
 		}
 	}
-	if middleware.IsPermanent(cause) || r.Last(d) || r.expiresInDelay(d) {
+	k := Deliveries(d)
+	if k > len(r.answers) || middleware.IsPermanent(cause) || r.expiresInDelay(d, r.answers[k-1].wait) {
 		return r.dlq.Recover(ctx, d, cause)
 	}
-	return &redeliveryError{
-		delivery: Deliveries(d),
-		of:       r.t.DelayedRedelivery.Redeliveries + 1,
-		wait:     r.t.DelayedRedelivery.Delay(Deliveries(d)),
-	}
+	return &r.answers[k-1]
 }
 
 // expiresInDelay reports whether d's per-message TTL (its expiration, in
@@ -270,7 +273,7 @@ func (r *RedeliveryRecoverer) Recover(ctx context.Context, d *amqp.Delivery, cau
 // dead-letters it now instead. (The TTL runs from when the message was
 // queued, so one that has waited already may have less left: the whole TTL
 // is the most it can have.)
-func (r *RedeliveryRecoverer) expiresInDelay(d *amqp.Delivery) bool {
+func (r *RedeliveryRecoverer) expiresInDelay(d *amqp.Delivery, delay time.Duration) bool {
 	if d == nil || d.Expiration == "" {
 		return false
 	}
@@ -278,7 +281,7 @@ func (r *RedeliveryRecoverer) expiresInDelay(d *amqp.Delivery) bool {
 	if err != nil || ttl < 0 {
 		return false // not a TTL the broker would have taken either
 	}
-	return time.Duration(ttl)*time.Millisecond <= r.t.DelayedRedelivery.Delay(Deliveries(d))
+	return time.Duration(ttl)*time.Millisecond <= delay
 }
 
 // RedeliversThroughBroker reports that the recoverer hands failures back

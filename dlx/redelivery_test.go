@@ -104,8 +104,8 @@ func TestRedeliverHandsFailuresBackUntilTheLastDelivery(t *testing.T) {
 		if !errors.Is(err, middleware.ErrRedeliver) || chainrun.SettlementFor(err) != chainrun.Requeue {
 			t.Fatalf("delivery %d: Recover = %v (settled %v), want ErrRedeliver, a requeue", count+1, err, chainrun.SettlementFor(err))
 		}
-		if want := fmt.Sprintf("in %v", time.Duration(count+1)*time.Second); !strings.Contains(err.Error(), want) {
-			t.Errorf("delivery %d: %q does not say the broker's wait, %s", count+1, err, want)
+		if want := fmt.Sprintf("dlx: delivery %d of 4 failed; the broker delivers it again in %v", count+1, time.Duration(count+1)*time.Second); err.Error() != want {
+			t.Errorf("delivery %d: %q, want %q", count+1, err, want)
 		}
 		if len(pub.Sent()) != 0 {
 			t.Fatalf("delivery %d published %v", count+1, pub.Sent())
