@@ -137,14 +137,33 @@ func (dd *delivery) Recovering(cause error) error {
 // slot in a pool of several: the delivery goes on off the reader, in the
 // parked list, where the age watch finds it.
 func (dd *delivery) WillWait() {
-	if dd.reader.CompareAndSwap(true, false) {
-		dd.c.parked.park(dd)
-		// Parked, it is no longer the reader's current one (the parked
-		// list has it for the age watch): a careful start that waits for
-		// the consumer to be idle must not wait for its retries.
-		dd.c.current.CompareAndSwap(dd, nil)
+	if dd.leaveReader() {
 		dd.handOff()
 	}
+}
+
+// handOffLate is WillWait from the inline watch's timer (inlineWatch), on
+// a goroutine other than dd's: the watch is armed only outside batch mode,
+// so it hands the reading on without looking at dd's recovery record, which
+// dd's goroutine may be writing meanwhile.
+func (dd *delivery) handOffLate() {
+	if dd.leaveReader() {
+		dd.c.handOffReading()
+	}
+}
+
+// leaveReader parks dd if it is still its reader's, once: then the caller
+// hands the reading on.
+func (dd *delivery) leaveReader() bool {
+	if !dd.reader.CompareAndSwap(true, false) {
+		return false
+	}
+	dd.c.parked.park(dd)
+	// Parked, it is no longer the reader's current one (the parked list
+	// has it for the age watch): a careful start that waits for the
+	// consumer to be idle must not wait for its retries.
+	dd.c.current.CompareAndSwap(dd, nil)
+	return true
 }
 
 // handOff starts the goroutine that reads in place of dd's, which stays
@@ -159,10 +178,15 @@ func (dd *delivery) handOff() {
 		}
 		return
 	}
+	dd.c.handOffReading()
+}
+
+// handOffReading has a spare goroutine, or a new one, read on.
+func (c *consumer) handOffReading() {
 	select {
-	case dd.c.spare <- struct{}{}: // a spare reads on (read)
+	case c.spare <- struct{}{}: // a spare reads on (read)
 	default:
-		dd.c.spawnReader()
+		c.spawnReader()
 	}
 }
 

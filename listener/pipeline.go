@@ -323,7 +323,7 @@ func (w *inlineWatch) fire() {
 	dd := w.dd
 	w.mu.Unlock()
 	if dd != nil {
-		dd.WillWait()
+		dd.handOffLate()
 	}
 }
 
