@@ -254,14 +254,40 @@ func (t Topology) Redeliver(pub recoverer.Publisher, opts ...TierOption) *Redeli
 // Recover hands d back to the broker for a delayed redelivery, or, on its
 // last delivery or for a Permanent error, publishes it to the DLQ.
 func (r *RedeliveryRecoverer) Recover(ctx context.Context, d *amqp.Delivery, cause error) error {
-	if r.tiers != nil && d.Acknowledger != nil {
-		if tiers, _ := r.t.useTiers(amqpconn.ChannelVersion(d.Acknowledger)); tiers {
-			return r.tiers.Recover(ctx, d, cause)
-		}
+	if r.throughTiers(d) {
+		return r.tiers.Recover(ctx, d, cause)
 	}
+	if answer := r.handBack(d, cause); answer != nil {
+		return answer
+	}
+	return r.dlq.Recover(ctx, d, cause)
+}
+
+// RecoversAtOnce reports whether Recover will hand d back to the broker,
+// which it does without I/O, rather than publish it (to the DLQ, or a tier
+// on an older broker). middleware.Recover asks, so that a listener goes on
+// reading on the same goroutine after such a failure.
+func (r *RedeliveryRecoverer) RecoversAtOnce(d *amqp.Delivery, cause error) bool {
+	return !r.throughTiers(d) && r.handBack(d, cause) != nil
+}
+
+// throughTiers reports whether d's failure goes through the TierEquivalent
+// layout: FallbackToTiers, on a broker older than 4.3.
+func (r *RedeliveryRecoverer) throughTiers(d *amqp.Delivery) bool {
+	if r.tiers == nil || d == nil || d.Acknowledger == nil {
+		return false
+	}
+	tiers, _ := r.t.useTiers(amqpconn.ChannelVersion(d.Acknowledger))
+	return tiers
+}
+
+// handBack is the answer that hands d back to the broker, or nil when d
+// goes to the DLQ: on its last delivery, for a Permanent error, or when it
+// would expire in the delay.
+func (r *RedeliveryRecoverer) handBack(d *amqp.Delivery, cause error) *redeliveryError {
 	k := Deliveries(d)
 	if k > len(r.answers) || middleware.IsPermanent(cause) || r.expiresInDelay(d, r.answers[k-1].wait) {
-		return r.dlq.Recover(ctx, d, cause)
+		return nil
 	}
 	return &r.answers[k-1]
 }

@@ -100,6 +100,9 @@ func TestRedeliverHandsFailuresBackUntilTheLastDelivery(t *testing.T) {
 	ctx := chainrun.WithQueue(context.Background(), "orders")
 	boom := errors.New("boom")
 	for count := range 3 { // deliveries 1, 2 and 3 of 4
+		if !r.RecoversAtOnce(redelivery(count, nil), boom) {
+			t.Errorf("delivery %d: RecoversAtOnce = false, want true (handed back, no I/O)", count+1)
+		}
 		err := r.Recover(ctx, redelivery(count, nil), boom)
 		if !errors.Is(err, middleware.ErrRedeliver) || chainrun.SettlementFor(err) != chainrun.Requeue {
 			t.Fatalf("delivery %d: Recover = %v (settled %v), want ErrRedeliver, a requeue", count+1, err, chainrun.SettlementFor(err))
@@ -110,6 +113,9 @@ func TestRedeliverHandsFailuresBackUntilTheLastDelivery(t *testing.T) {
 		if len(pub.Sent()) != 0 {
 			t.Fatalf("delivery %d published %v", count+1, pub.Sent())
 		}
+	}
+	if r.RecoversAtOnce(redelivery(3, nil), boom) || r.RecoversAtOnce(redelivery(0, nil), middleware.Permanent(boom)) {
+		t.Error("RecoversAtOnce = true for a publish to the DLQ")
 	}
 	if err := r.Recover(ctx, redelivery(3, nil), boom); err != nil {
 		t.Fatalf("last delivery: Recover = %v, want nil (published to the DLQ)", err)

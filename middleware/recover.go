@@ -55,6 +55,7 @@ func Recover(r Recoverer, opts ...RecoverOption) Middleware {
 		}
 		opt(&cfg)
 	}
+	quick, _ := r.(quickRecoverer)
 	return func(next Handler) Handler {
 		// The listener surveys the chain as it builds it: deliveries past
 		// their redelivery limit go to r without running the chain.
@@ -88,7 +89,9 @@ func Recover(r Recoverer, opts ...RecoverOption) Middleware {
 					undo()
 				}
 			}
-			chainctx.WillWait(ctx) // a recoverer does I/O, which may wait out an outage
+			if quick == nil || !quick.RecoversAtOnce(d, err) {
+				chainctx.WillWait(ctx) // a recoverer does I/O, which may wait out an outage
+			}
 			rerr := r.Recover(ctx, d, err)
 			return cfg.conclude(ctx, d, err, rerr, RuleApplied(ctx, err), recoveryAttempts(ctx, err), true)
 		}
@@ -114,6 +117,18 @@ type AsyncRecoverer interface {
 	// error means it cannot work so here (its publisher has no asynchronous
 	// publish, say): nothing was done, and Recover is called instead.
 	RecoverAsync(ctx context.Context, d *amqp.Delivery, cause error, done func(error)) (started bool, err error)
+}
+
+// quickRecoverer is a Recoverer that can tell, before Recover runs, that it
+// will answer d at once, without I/O or a wait (dlx's Redeliver below the
+// last delivery: the broker redelivers it). Recover then does not tell the
+// listener that the delivery will wait, and the listener's reader goes on
+// with it instead of handing the reading to a new goroutine, as it does
+// before a recovery that may wait out an outage: for a queue that hands
+// back every failure, a new goroutine per failure, its stack grown anew
+// each time, was the largest cost of a failure left in the listener.
+type quickRecoverer interface {
+	RecoversAtOnce(d *amqp.Delivery, cause error) bool
 }
 
 // recoverAsync hands the delivery to ar and returns at once; outcome tells

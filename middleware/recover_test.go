@@ -255,3 +255,44 @@ func TestRecovererAnswerKeepsTheHandlerError(t *testing.T) {
 		}
 	}
 }
+
+type waitCounter struct{ waits int }
+
+func (w *waitCounter) WillWait() { w.waits++ }
+
+// quickRecoverer answers at once when its delivery is not the last.
+type quickRecoverer struct{ recovered int }
+
+func (q *quickRecoverer) RecoversAtOnce(d *amqp.Delivery, _ error) bool { return !d.Redelivered }
+
+func (q *quickRecoverer) Recover(_ context.Context, d *amqp.Delivery, _ error) error {
+	q.recovered++
+	if d.Redelivered {
+		return nil
+	}
+	return middleware.ErrRedeliver
+}
+
+// A recoverer that says it answers at once does not make the listener hand
+// its reading on to another goroutine; one that may wait does.
+func TestRecoverTellsOfAWaitOnlyWhenTheRecovererMayWait(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		r         middleware.Recoverer
+		redeliver bool
+		waits     int
+	}{
+		{"answers at once", &quickRecoverer{}, false, 0},
+		{"says it may wait", &quickRecoverer{}, true, 1},
+		{"cannot say", middleware.RecovererFunc(func(context.Context, *amqp.Delivery, error) error { return nil }), false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &waitCounter{}
+			ctx := chainctx.WithWaitHook(context.Background(), w)
+			middleware.Recover(tc.r)(func(context.Context, *amqp.Delivery) error { return errBoom })(ctx, &amqp.Delivery{Redelivered: tc.redeliver})
+			if w.waits != tc.waits {
+				t.Errorf("WillWait called %d times, want %d", w.waits, tc.waits)
+			}
+		})
+	}
+}
