@@ -123,7 +123,11 @@ func tiersUnderFault(t *testing.T, typ dlx.QueueType, at int64, f tierFault) {
 	if f.after != nil {
 		pub.after = func() { f.after(lproxy, pproxy, later) }
 	}
-	tiers := topo.Tiers(pub, dlx.WithRepublishOptions(recoverer.WithPublishTimeout(time.Second)))
+	// The publish timeout is what "publisher frozen past the publish
+	// timeout" waits out; shorter, a quorum queue's confirm under make
+	// test's load could miss it, and the copy sent again is a duplicate no
+	// fault made (ci13: 3 and 4 copies on the DLQ).
+	tiers := topo.Tiers(pub, dlx.WithRepublishOptions(recoverer.WithPublishTimeout(3*time.Second)))
 
 	var mu sync.Mutex
 	arrivals := map[int]int{} // x-retry-count → arrivals with it
