@@ -44,7 +44,10 @@ func TestTimeout(t *testing.T) {
 		{"in time", middleware.Timeout(time.Hour), func(context.Context, *amqp.Delivery) error { return nil }, false, false, chainrun.Ack, false},
 		{"stops at the deadline", middleware.Timeout(5 * time.Millisecond), blockUntilDone, true, false, chainrun.Requeue, false},
 		{"ignores the deadline", middleware.Timeout(5 * time.Millisecond), ignore, true, true, chainrun.Requeue, true},
-		{"retried inside Retry", middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(time.Millisecond)), middleware.Timeout(5*time.Millisecond)),
+		// The second attempt returns at once, but "in time" is by the clock:
+		// a deadline of a few milliseconds can pass on a loaded machine before
+		// the call even starts (ci16), so this one has half a second.
+		{"retried inside Retry", middleware.Chain(middleware.Retry(2, middleware.WithInitialInterval(time.Millisecond)), middleware.Timeout(500*time.Millisecond)),
 			slowOnce, false, false, chainrun.Ack, false},
 		// Around a Retry the deadline cuts its wait: a timeout, a failure of
 		// the message, never the release a shutdown gets.
