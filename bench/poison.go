@@ -26,8 +26,6 @@ func poisonVariants(e *env) []variant {
 			about: fmt.Sprintf("amqp091-go: %d consumers (Qos %d), each with a confirm channel: publish a persistent copy to the DLQ with a deferred confirm, ack the original once it is confirmed", c, p)},
 		{name: "raw-annotated", run: republishRawAnnotated,
 			about: "as raw-republish, each copy carrying the fault headers the listener's Republish writes for this flood (built once, by recoverer.Republisher.Message): what amqp091-go and the broker pay for the headers alone"},
-		{name: "raw-two-conns", run: republishRawTwoConns,
-			about: "as raw-annotated, but publishing the copies on a connection of their own, as RabbitMQ advises (a publisher the broker blocks must not hold up the acks) and as the listener and its publisher do"},
 		{name: "raw-per-copy", run: republishRawPerCopy,
 			about: "as raw-annotated, but shaped as a Recoverer must be: each delivery on a goroutine of its own that publishes its copy, waits for that copy's confirm and acks (the listener's shape, without the listener)"},
 		{name: "listener", run: republishListener,
@@ -39,7 +37,7 @@ func poisonVariants(e *env) []variant {
 // consumer, one confirm channel with publishes pipelined, and a goroutine
 // that acks each original in order as its copy's confirm arrives.
 func republishRaw(ctx context.Context, e *env, q string, n int) (s Sample, err error) {
-	return republishRawWith(ctx, e, q, n, rawRepublish{})
+	return republishRawWith(ctx, e, q, n, nil, false)
 }
 
 // republishRawAnnotated is republishRaw with the listener's fault headers on
@@ -50,19 +48,7 @@ func republishRawAnnotated(ctx context.Context, e *env, q string, n int) (s Samp
 	if err != nil {
 		return Sample{}, err
 	}
-	return republishRawWith(ctx, e, q, n, rawRepublish{headers: headers})
-}
-
-// republishRawTwoConns is raw-annotated with the copies published on a
-// second connection: the listener consumes on its connection and its
-// publisher publishes on another, and a write costs the client more when
-// the two streams go to the broker apart (each wakes its own reader there).
-func republishRawTwoConns(ctx context.Context, e *env, q string, n int) (s Sample, err error) {
-	headers, err := faultHeaders(q)
-	if err != nil {
-		return Sample{}, err
-	}
-	return republishRawWith(ctx, e, q, n, rawRepublish{headers: headers, publishConn: true})
+	return republishRawWith(ctx, e, q, n, headers, false)
 }
 
 // republishRawPerCopy is raw-annotated in the shape a synchronous Recoverer
@@ -73,7 +59,7 @@ func republishRawPerCopy(ctx context.Context, e *env, q string, n int) (s Sample
 	if err != nil {
 		return Sample{}, err
 	}
-	return republishRawWith(ctx, e, q, n, rawRepublish{headers: headers, perCopy: true})
+	return republishRawWith(ctx, e, q, n, headers, true)
 }
 
 // faultHeaders are the headers Republish(pub, "", q+".dlq") gives a copy of
@@ -95,15 +81,7 @@ func (frameOnly) Publish(context.Context, string, string, amqp.Publishing) error
 func (frameOnly) FrameMax() int    { return 131072 }
 func (frameOnly) Username() string { return "guest" }
 
-// rawRepublish shapes a raw republish loop.
-type rawRepublish struct {
-	headers     amqp.Table // on every copy; nil for bare copies
-	perCopy     bool       // a goroutine per delivery, waiting for its own confirm
-	publishConn bool       // copies published on a connection of their own
-}
-
-func republishRawWith(ctx context.Context, e *env, q string, n int, how rawRepublish) (s Sample, err error) {
-	headers, perCopy := how.headers, how.perCopy
+func republishRawWith(ctx context.Context, e *env, q string, n int, headers amqp.Table, perCopy bool) (s Sample, err error) {
 	dlq := q + ".dlq"
 	cleanup, err := e.broker.queues(dlq)
 	if err != nil {
@@ -117,26 +95,17 @@ func republishRawWith(ctx context.Context, e *env, q string, n int, how rawRepub
 	if err != nil {
 		return Sample{}, err
 	}
-	pubConn := conn
-	if how.publishConn {
-		if pubConn, err = amqp.Dial(e.broker.url); err != nil {
-			return Sample{}, errors.Join(err, conn.Close())
-		}
-	}
-	// Closing the connections ends the deliveries, which ends the goroutines.
+	// Closing the connection ends the deliveries, which ends the goroutines.
 	var wg sync.WaitGroup
 	quit := make(chan struct{})
 	defer func() {
 		_ = conn.Close()
-		if pubConn != conn {
-			_ = pubConn.Close()
-		}
 		close(quit)
 		wg.Wait()
 	}()
 	failed := make(chan error, 2*e.cfg.Consumers) // each goroutine sends at most once
 	for i := range e.cfg.Consumers {
-		deliveries, pubCh, err := openRepublisher(conn, pubConn, q, fmt.Sprint("raw-republish-", i), e.cfg.Prefetch)
+		deliveries, pubCh, err := openRepublisher(conn, q, fmt.Sprint("raw-republish-", i), e.cfg.Prefetch)
 		if err != nil {
 			return Sample{}, err
 		}
@@ -223,9 +192,8 @@ type pendingCopy struct {
 	confirm  *amqp.DeferredConfirmation
 }
 
-// openRepublisher opens a consuming channel on conn and a confirm channel on
-// pubConn.
-func openRepublisher(conn, pubConn *amqp.Connection, q, tag string, prefetch int) (<-chan amqp.Delivery, *amqp.Channel, error) {
+// openRepublisher opens a consuming channel and a confirm channel.
+func openRepublisher(conn *amqp.Connection, q, tag string, prefetch int) (<-chan amqp.Delivery, *amqp.Channel, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, nil, err
@@ -233,7 +201,7 @@ func openRepublisher(conn, pubConn *amqp.Connection, q, tag string, prefetch int
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return nil, nil, err
 	}
-	pubCh, err := pubConn.Channel()
+	pubCh, err := conn.Channel()
 	if err != nil {
 		return nil, nil, err
 	}

@@ -210,24 +210,20 @@ func ratioText(r float64) string {
 
 // writePoisonCost splits the listener's CPU per message in the poison flood
 // into the raw republish loop, what the fault headers cost amqp091 and the
-// broker (raw-annotated over raw-republish), what publishing on a connection
-// of its own costs (raw-two-conns over raw-annotated), and what is ours; and
-// says what the shape of a synchronous Recoverer would cost (raw-per-copy
-// over raw-annotated), which the listener's pipelined republish avoids.
+// broker (raw-annotated over raw-republish), what the shape of a synchronous
+// Recoverer costs (raw-per-copy over raw-annotated), and what is ours.
 func writePoisonCost(w io.Writer, c *Comparison) {
-	l, ann, two, per, raw := c.variant("listener"), c.variant("raw-annotated"), c.variant("raw-two-conns"), c.variant("raw-per-copy"), c.variant("raw-republish")
-	if l == nil || ann == nil || two == nil || per == nil || raw == nil {
+	l, ann, per, raw := c.variant("listener"), c.variant("raw-annotated"), c.variant("raw-per-copy"), c.variant("raw-republish")
+	if l == nil || ann == nil || per == nil || raw == nil {
 		return
 	}
-	fmt.Fprintf(w, "The listener's CPU per message is %.2f× raw-two-conns' and %.2f× raw-annotated's; its msg/s %.2f× raw-two-conns' and %.2f× raw-annotated's. "+
+	fmt.Fprintf(w, "The listener's CPU per message is %.2f× raw-per-copy's and %.2f× raw-annotated's; its msg/s %.2f× raw-per-copy's and %.2f× raw-annotated's. "+
 		"Of its %.1f µs, the raw republish loop takes %.1f, the fault headers on the copy %.1f (raw-annotated − raw-republish), "+
-		"publishing the copies on a connection of their own %.1f (raw-two-conns − raw-annotated), "+
-		"and the listener, middleware, recoverer and publisher %.1f (listener − raw-two-conns). "+
-		"A goroutine per delivery waiting for its own confirm, the shape a synchronous Recoverer imposes, costs raw amqp091-go %.1f more (raw-per-copy − raw-annotated).\n\n",
-		ratio(l.MedianCPUPerMsg, two.MedianCPUPerMsg), ratio(l.MedianCPUPerMsg, ann.MedianCPUPerMsg),
-		ratio(l.MedianMsgPerSec, two.MedianMsgPerSec), ratio(l.MedianMsgPerSec, ann.MedianMsgPerSec), l.MedianCPUPerMsg,
-		raw.MedianCPUPerMsg, ann.MedianCPUPerMsg-raw.MedianCPUPerMsg, two.MedianCPUPerMsg-ann.MedianCPUPerMsg,
-		l.MedianCPUPerMsg-two.MedianCPUPerMsg, per.MedianCPUPerMsg-ann.MedianCPUPerMsg)
+		"a goroutine per delivery waiting for its own confirm %.1f (raw-per-copy − raw-annotated), "+
+		"and the listener, middleware, recoverer and publisher %.1f (listener − raw-per-copy).\n\n",
+		ratio(l.MedianCPUPerMsg, per.MedianCPUPerMsg), ratio(l.MedianCPUPerMsg, ann.MedianCPUPerMsg),
+		ratio(l.MedianMsgPerSec, per.MedianMsgPerSec), ratio(l.MedianMsgPerSec, ann.MedianMsgPerSec), l.MedianCPUPerMsg,
+		raw.MedianCPUPerMsg, ann.MedianCPUPerMsg-raw.MedianCPUPerMsg, per.MedianCPUPerMsg-ann.MedianCPUPerMsg, l.MedianCPUPerMsg-per.MedianCPUPerMsg)
 	if c.brokerCPUKnown() {
 		fmt.Fprintf(w, "On the broker, the copies with fault headers cost %.1f µs of CPU per message against %.1f for bare ones (raw-annotated against raw-republish, %.2f×): "+
 			"the broker shares the cores, so the headers alone bring raw-annotated to %.2f× raw-republish's msg/s, before any of our code runs. "+
