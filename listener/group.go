@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -158,11 +159,35 @@ func (g *Group) Listeners() []*Listener { return append([]*Listener(nil), g.list
 func (g *Group) serve(ctx context.Context, stopAll context.CancelFunc, conn *amqpconn.Conn, svs []*supervisor) (consumed bool, err error) {
 	defer conn.Abandon()
 	defer svs[0].closeBounded(conn.Close)
+	// At shutdown, a listener stuck opening its consumers on a frozen
+	// connection has the connection abandoned under it, as a lone
+	// listener's is, but only once every other listener has returned: the
+	// connection is theirs too, and a listener still draining needs it for
+	// its acks.
+	returned := make([]atomic.Bool, len(svs))
+	stop := abandonStuckSetup(ctx, conn, &svs[0].closers, func() bool {
+		stuck := false
+		for i, sv := range svs {
+			if returned[i].Load() {
+				continue
+			}
+			if !sv.settingUp.Load() {
+				return false
+			}
+			stuck = true
+		}
+		return stuck
+	})
+	defer stop()
 	errs := make(chan error, len(svs))
-	for _, sv := range svs {
+	for i, sv := range svs {
 		sv.consumed = false
 		sv.l.ready.connected()
-		go func() { errs <- sv.serveInGroup(ctx, conn) }()
+		go func() {
+			err := sv.serveInGroup(ctx, conn)
+			returned[i].Store(true)
+			errs <- err
+		}()
 	}
 	for range svs {
 		e := <-errs

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -212,4 +213,102 @@ func TestGroupOfTwentyAgainstTwentyConnections(t *testing.T) {
 	if gc != 1 || lc != n {
 		t.Errorf("connections: grouped %d (want 1), alone %d (want %d)", gc, lc, n)
 	}
+}
+
+// A group's connection freezes while one listener is opening its consumers
+// and the other consumes: the group's Run returns within a few seconds of
+// the shutdown, as a lone listener's does, rather than when the heartbeat
+// gives up (15 s before the fix).
+func TestGroupShutdownWhileOpeningAConsumerOnAFrozenConnectionIsBounded(t *testing.T) {
+	t.Parallel()
+	s := newSeen()
+	ls, qs := groupOf(t, 1, s)
+	proxy, url := brokertest.Proxy(t)
+	defer proxy.Blackhole(false)
+	release, frozen := make(chan struct{}), make(chan struct{})
+	stuck := stuckInSetup(t, release, 20*time.Second, func() { proxy.Blackhole(true); close(frozen) })
+	g, err := listener.NewGroup(append(ls, stuck), listener.WithURL(url), logTo(t, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	brokertest.Eventually(t, 10*time.Second, "the other listener consuming", func() bool { return brokertest.Consumers(t, qs[0]) == 2 })
+	close(release)
+	<-frozen
+	time.Sleep(200 * time.Millisecond) // the stuck listener waits for its first channel now
+	stopsWithin(t, cancel, done, 4*time.Second, "while a listener of the group opens a consumer on a frozen connection")
+}
+
+// At the shutdown one listener of a group is slow in its declaration (4 s)
+// and another is still running a handler (2 s): the connection is not
+// abandoned under the one that drains, though the setup has been waiting
+// longer than the half second that marks it as stuck, and the delivery is
+// acked on it when its handler returns.
+func TestGroupShutdownLetsAListenerDrainBeforeAbandoningAStuckSetup(t *testing.T) {
+	t.Parallel()
+	q := brokertest.Name(t, "draining")
+	brokertest.Queue(t, q, nil)
+	running := make(chan struct{})
+	var once sync.Once
+	draining, err := listener.New(q, nil, func(context.Context, *amqp.Delivery) error {
+		once.Do(func() { close(running) })
+		time.Sleep(2 * time.Second) // past the shutdown, which gives it 5 s
+		return nil
+	}, logTo(t, false), listener.WithShutdownTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck := stuckInSetup(t, nil, 4*time.Second, nil)
+	g, err := listener.NewGroup([]*listener.Listener{draining, stuck}, listener.WithURL(brokertest.URL()), logTo(t, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	brokertest.Publish(t, q, amqp.Publishing{MessageId: "slow"})
+	select {
+	case <-running:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not start")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	done <- nil
+	if n := brokertest.Depth(t, q); n != 0 {
+		t.Errorf("the queue holds %d: the delivery that drained was not acked (the connection was abandoned under it)", n)
+	}
+}
+
+// stuckInSetup is a listener on a fresh queue whose declaration waits for
+// release, or at most hold, then calls then, if not nil: a listener of a
+// group stuck opening its consumers.
+func stuckInSetup(t *testing.T, release <-chan struct{}, hold time.Duration, then func()) *listener.Listener {
+	t.Helper()
+	q := brokertest.Name(t, "stuck")
+	brokertest.Queue(t, q, nil)
+	var once sync.Once
+	l, err := listener.New(q, nil, func(context.Context, *amqp.Delivery) error { return nil },
+		logTo(t, false), listener.WithConcurrentConsumers(2), listener.WithDeclare(func(*amqp.Channel) error {
+			timer := time.NewTimer(hold)
+			defer timer.Stop()
+			select {
+			case <-release:
+			case <-timer.C:
+			}
+			if then != nil {
+				once.Do(then)
+			}
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }

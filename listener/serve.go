@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -42,10 +43,17 @@ func (sv *supervisor) serve(ctx context.Context, conn *amqpconn.Conn) error {
 // cannot be settled; on a frozen connection it could not be anyway, and the
 // broker requeues it.) stop ends the watch.
 func (sv *supervisor) boundSetupAtShutdown(ctx context.Context, conn *amqpconn.Conn) (stop func()) {
+	return abandonStuckSetup(ctx, conn, &sv.closers, sv.settingUp.Load)
+}
+
+// abandonStuckSetup abandons conn when, once ctx is done, stuck says so at
+// a tick of closeWait: the watch of boundSetupAtShutdown, for a connection
+// of one listener or of a Group. closers waits for the watch.
+func abandonStuckSetup(ctx context.Context, conn *amqpconn.Conn, closers *sync.WaitGroup, stuck func() bool) (stop func()) {
 	done := make(chan struct{})
-	sv.closers.Add(1)
+	closers.Add(1)
 	go func() {
-		defer sv.closers.Done()
+		defer closers.Done()
 		select {
 		case <-ctx.Done():
 		case <-done:
@@ -56,7 +64,7 @@ func (sv *supervisor) boundSetupAtShutdown(ctx context.Context, conn *amqpconn.C
 		for {
 			select {
 			case <-tick.C:
-				if sv.settingUp.Load() {
+				if stuck() {
 					conn.Abandon()
 					return
 				}
