@@ -20,6 +20,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/outbox/internal/pgsql"
 	"github.com/amqpretry/amqpretry/publisher"
 )
@@ -261,16 +262,16 @@ type batch struct {
 type worker struct {
 	r          *Relay
 	grace      context.Context
-	publishCtx context.Context // grace, with mandatory set
-	slots      chan struct{}   // one per publish under way, given back as the recorder takes its row
-	jobs       chan job        // to the publishing goroutines
-	limit      int             // WithConcurrency
-	started    int             // publishing goroutines; dispatch's alone
-	publishes  sync.WaitGroup  // the publishing goroutines, and the async publishes awaiting their outcome
-	bytes      atomic.Int64    // message bytes of the publishes under way
-	freed      chan struct{}   // a publish ended: bytes went down
-	outcomes   outcomeQueue    // to the recorder
-	recorded   chan struct{}   // closed once the recorder has ended
+	publishCtx context.Context          // grace, with mandatory set
+	slots      chan struct{}            // one per publish under way, given back as the recorder takes its row
+	jobs       chan job                 // to the publishing goroutines
+	limit      int                      // WithConcurrency
+	started    int                      // publishing goroutines; dispatch's alone
+	publishes  sync.WaitGroup           // the publishing goroutines, and the async publishes awaiting their outcome
+	bytes      atomic.Int64             // message bytes of the publishes under way
+	freed      chan struct{}            // a publish ended: bytes went down
+	outcomes   *handoff.Queue[*claimed] // to the recorder: putting never waits, so a publisher's done func can put
+	recorded   chan struct{}            // closed once the recorder has ended
 
 	// win is the deadline the async publishes started last share; dispatch's
 	// alone.
@@ -304,7 +305,7 @@ func (r *Relay) startWorker(grace, keep context.Context) *worker {
 		jobs:       make(chan job),
 		limit:      limit,
 		freed:      make(chan struct{}, 1),
-		outcomes:   outcomeQueue{wake: make(chan struct{}, 1)},
+		outcomes:   handoff.New[*claimed](),
 		recorded:   make(chan struct{}),
 	}
 	go w.record(keep)
@@ -320,7 +321,7 @@ func (w *worker) stop() {
 		w.win = nil
 	}
 	w.publishes.Wait()
-	w.outcomes.close()
+	w.outcomes.Close()
 	<-w.recorded
 }
 
@@ -335,7 +336,7 @@ func (w *worker) record(keep context.Context) {
 	defer close(w.recorded)
 	var group []*claimed
 	for {
-		group = w.outcomes.take(group[:0], maxRecordGroup)
+		group = w.outcomes.Take(group[:0], maxRecordGroup)
 		if len(group) == 0 {
 			return
 		}
@@ -346,59 +347,6 @@ func (w *worker) record(keep context.Context) {
 		}
 		w.r.record(keep, group)
 		clear(group)
-	}
-}
-
-// outcomeQueue carries rows to the recorder. Putting never waits, so a
-// publisher's completion callback can put.
-type outcomeQueue struct {
-	mu     sync.Mutex
-	rows   []*claimed
-	closed bool
-	wake   chan struct{} // rows, or closed, after being empty
-}
-
-func (q *outcomeQueue) put(c *claimed) {
-	q.mu.Lock()
-	q.rows = append(q.rows, c)
-	first := len(q.rows) == 1
-	q.mu.Unlock()
-	if first {
-		select {
-		case q.wake <- struct{}{}:
-		default:
-		}
-	}
-}
-
-func (q *outcomeQueue) close() {
-	q.mu.Lock()
-	q.closed = true
-	q.mu.Unlock()
-	select {
-	case q.wake <- struct{}{}:
-	default:
-	}
-}
-
-// take appends up to max rows to group, waiting for one; it returns none
-// only once the queue is closed and empty.
-func (q *outcomeQueue) take(group []*claimed, max int) []*claimed {
-	for {
-		q.mu.Lock()
-		n := min(len(q.rows), max)
-		group = append(group, q.rows[:n]...)
-		clear(q.rows[:n])
-		q.rows = q.rows[n:]
-		if len(q.rows) == 0 {
-			q.rows = nil // let go of the array
-		}
-		closed := q.closed
-		q.mu.Unlock()
-		if n > 0 || closed {
-			return group
-		}
-		<-q.wake
 	}
 }
 
@@ -454,7 +402,7 @@ func (w *worker) room(ctx context.Context) (int64, bool) {
 // decode is failed, the others are released, due at once.
 func (w *worker) handBack(rows []*claimed) {
 	for _, c := range rows {
-		w.outcomes.put(c)
+		w.outcomes.Put(c)
 	}
 }
 
@@ -470,7 +418,7 @@ func (w *worker) dispatch(ctx context.Context, b *batch) {
 	r := w.r
 	for i, c := range b.rows {
 		if c.bad != nil {
-			w.outcomes.put(c)
+			w.outcomes.Put(c)
 			continue
 		}
 		select {
@@ -575,7 +523,7 @@ func (w *worker) ended(j job, err error) {
 	case w.freed <- struct{}{}:
 	default:
 	}
-	w.outcomes.put(c)
+	w.outcomes.Put(c)
 }
 
 // A window is a deadline that async publishes started close together

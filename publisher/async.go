@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -11,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/amqpretry/amqpretry/internal/handoff"
 	"github.com/amqpretry/amqpretry/internal/pubasync"
 )
 
@@ -352,47 +354,26 @@ func (pub *publication) complete(err error) {
 // for a caller's code. It takes them in batches: under load, one wake-up
 // completes many.
 type completer struct {
-	p       *Publisher
-	mu      sync.Mutex
-	queue   []*publication
-	wake    chan struct{} // a queue that was empty is not
-	stopped chan struct{} // no more to come: Close has seen every done called
-	exited  chan struct{}
+	p      *Publisher
+	queue  *handoff.Queue[*publication]
+	exited chan struct{}
 }
 
 func (p *Publisher) startCompleter() *completer {
-	c := &completer{p: p, wake: make(chan struct{}, 1), stopped: make(chan struct{}), exited: make(chan struct{})}
+	c := &completer{p: p, queue: handoff.New[*publication](), exited: make(chan struct{})}
 	go c.run()
 	return c
 }
 
-func (c *completer) add(pub *publication) {
-	c.mu.Lock()
-	c.queue = append(c.queue, pub)
-	first := len(c.queue) == 1
-	c.mu.Unlock()
-	if first {
-		select {
-		case c.wake <- struct{}{}:
-		default:
-		}
-	}
-}
+func (c *completer) add(pub *publication) { c.queue.Put(pub) }
 
 func (c *completer) run() {
 	defer close(c.exited)
 	var batch []*publication
 	for {
-		c.mu.Lock()
-		batch, c.queue = c.queue, batch[:0]
-		c.mu.Unlock()
+		batch = c.queue.Take(batch[:0], math.MaxInt)
 		if len(batch) == 0 {
-			select {
-			case <-c.wake:
-				continue
-			case <-c.stopped:
-				return
-			}
+			return // stopped, and every done called
 		}
 		for i, pub := range batch {
 			c.finish(pub)
@@ -417,5 +398,6 @@ func (c *completer) finish(pub *publication) {
 	p.leaveAsync()
 }
 
-func (c *completer) stop() { close(c.stopped) }
+// stop says no more will come: Close has seen every done called.
+func (c *completer) stop() { c.queue.Close() }
 func (c *completer) wait() { <-c.exited }
