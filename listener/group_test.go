@@ -227,14 +227,7 @@ func TestGroupShutdownWhileOpeningAConsumerOnAFrozenConnectionIsBounded(t *testi
 	defer proxy.Blackhole(false)
 	release, frozen := make(chan struct{}), make(chan struct{})
 	stuck := stuckInSetup(t, release, 20*time.Second, func() { proxy.Blackhole(true); close(frozen) })
-	g, err := listener.NewGroup(append(ls, stuck), listener.WithURL(url), logTo(t, false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	cancel, done := runGroup(t, append(ls, stuck), listener.WithURL(url))
 	brokertest.Eventually(t, 10*time.Second, "the other listener consuming", func() bool { return brokertest.Consumers(t, qs[0]) == 2 })
 	close(release)
 	<-frozen
@@ -262,14 +255,7 @@ func TestGroupShutdownLetsAListenerDrainBeforeAbandoningAStuckSetup(t *testing.T
 		t.Fatal(err)
 	}
 	stuck := stuckInSetup(t, nil, 4*time.Second, nil)
-	g, err := listener.NewGroup([]*listener.Listener{draining, stuck}, listener.WithURL(brokertest.URL()), logTo(t, false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	cancel, done := runGroup(t, []*listener.Listener{draining, stuck}, listener.WithURL(brokertest.URL()))
 	brokertest.Publish(t, q, amqp.Publishing{MessageId: "slow"})
 	select {
 	case <-running:
@@ -277,13 +263,29 @@ func TestGroupShutdownLetsAListenerDrainBeforeAbandoningAStuckSetup(t *testing.T
 		t.Fatal("the handler did not start")
 	}
 	cancel()
-	if err := <-done; err != nil {
+	err = <-done
+	done <- err // for the cleanup
+	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	done <- nil
 	if n := brokertest.Depth(t, q); n != 0 {
 		t.Errorf("the queue holds %d: the delivery that drained was not acked (the connection was abandoned under it)", n)
 	}
+}
+
+// runGroup runs a Group of ls until cancel, or the test's end; Run's
+// result comes on done, where a reader puts it back for the test's cleanup.
+func runGroup(t *testing.T, ls []*listener.Listener, opts ...listener.Option) (cancel context.CancelFunc, done chan error) {
+	t.Helper()
+	g, err := listener.NewGroup(ls, append([]listener.Option{logTo(t, false)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done = make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return cancel, done
 }
 
 // stuckInSetup is a listener on a fresh queue whose declaration waits for
