@@ -27,21 +27,32 @@ func (requeueRequested) RequeuesOnPurpose() bool { return true }
 // requeue, so that the queue's own dead-letter exchange (x-dead-letter-exchange)
 // takes it, atomically, in the broker. A queue without one drops the message:
 // use Reject only on queues that have one.
-func Reject() middleware.Recoverer {
-	return middleware.RecovererFunc(func(context.Context, *amqp.Delivery, error) error {
-		return fmt.Errorf("recoverer: Reject: %w", middleware.ErrReject)
-	})
-}
+func Reject() middleware.Recoverer { return rejecter{} }
+
+// errRejected is Reject's answer, made once: on a queue that dead-letters
+// every failure through its own exchange, each failure asks for it.
+var errRejected = fmt.Errorf("recoverer: Reject: %w", middleware.ErrReject)
+
+// rejecter is Reject's Recoverer. It answers at once, with no I/O and no
+// wait (RecoversAtOnce), so the listener's reader goes on with the delivery
+// rather than handing its reading to another goroutine first, as it does
+// before a recovery that may wait out an outage.
+type rejecter struct{}
+
+func (rejecter) Recover(context.Context, *amqp.Delivery, error) error { return errRejected }
+func (rejecter) RecoversAtOnce(*amqp.Delivery, error) bool            { return true }
 
 // Requeue returns a Recoverer that leaves the message on its queue, even when
 // its error is Permanent: the listener requeues it (after a delay, so it does
 // not spin). Use it last in a Fallback, for messages that must never leave
 // their queue unseen.
-func Requeue() middleware.Recoverer {
-	return middleware.RecovererFunc(func(context.Context, *amqp.Delivery, error) error {
-		return ErrRequeueRequested
-	})
-}
+func Requeue() middleware.Recoverer { return requeuer{} }
+
+// requeuer is Requeue's Recoverer, which answers at once as rejecter does.
+type requeuer struct{}
+
+func (requeuer) Recover(context.Context, *amqp.Delivery, error) error { return ErrRequeueRequested }
+func (requeuer) RecoversAtOnce(*amqp.Delivery, error) bool            { return true }
 
 // Fallback returns a Recoverer that tries recoverers in order until one
 // succeeds, or one asks for a rejection (Reject), and otherwise returns all
