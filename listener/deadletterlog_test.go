@@ -14,6 +14,7 @@ import (
 	"github.com/amqpretry/amqpretry/internal/testlog"
 	"github.com/amqpretry/amqpretry/listener"
 	"github.com/amqpretry/amqpretry/middleware"
+	"github.com/amqpretry/amqpretry/recoverer"
 )
 
 // A downstream outage that dead-letters thousands of messages is not a log
@@ -71,6 +72,52 @@ func summarized(log string) int {
 	total := 0
 	for _, line := range strings.Split(log, "\n") {
 		if i := strings.Index(line, "more="); i >= 0 && strings.Contains(line, "dead-lettered") {
+			var k int
+			fmt.Sscanf(line[i+len("more="):], "%d", &k)
+			total += k
+		}
+	}
+	return total
+}
+
+// A flood that the chain hands back to the broker (Recover(recoverer.Reject())
+// on a queue with its own dead-letter exchange) is not a log storm either:
+// the warning for each failed message ("message failed") is limited as the
+// dead letters' are, and Stats counts every one. Before, 2,000 rejects wrote
+// 2,000 warnings.
+func TestRejectFloodIsNotALogStorm(t *testing.T) {
+	q, dlq := brokertest.Name(t, "q"), brokertest.Name(t, "dlq")
+	brokertest.Queue(t, dlq, nil)
+	brokertest.Queue(t, q, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+	const n = 2000
+	publishN(t, q, n)
+	var log testlog.Buffer
+	r := start(t, q, middleware.Chain(middleware.Recover(recoverer.Reject())), func(context.Context, *amqp.Delivery) error {
+		return errors.New("payment service unavailable")
+	}, listener.WithLogger(log.Logger()), listener.WithPrefetch(100), listener.WithDeadLetterLog(5, 500*time.Millisecond))
+	brokertest.Eventually(t, 60*time.Second, "every message rejected", func() bool { return r.Stats().Rejected == n })
+	failedInFull := func() int { return strings.Count(log.String(), `msg="listener: message failed"`) }
+	brokertest.Eventually(t, 5*time.Second, "the last summary", func() bool { return summarizedFailures(log.String()) == n-failedInFull() })
+	r.Stop(t)
+	lines := strings.Count(log.String(), "\n")
+	t.Logf("%d rejects: %d logged in full, %d log lines in all", n, failedInFull(), lines)
+	if lines > 60 {
+		t.Errorf("%d log lines for %d rejected messages, want a few dozen at most", lines, n)
+	}
+	if failedInFull() < 5 {
+		t.Errorf("%d failures logged in full, want the first 5 of the burst", failedInFull())
+	}
+	if !strings.Contains(log.String(), "reject *errors.errorString=") {
+		t.Errorf("no summary names the settlement and error type with their counts:\n%s", log.String())
+	}
+	brokertest.Eventually(t, 5*time.Second, "the broker's DLX routed every reject", func() bool { return brokertest.Depth(t, dlq) == n })
+}
+
+// summarizedFailures adds up the "more" of the failure summaries.
+func summarizedFailures(log string) int {
+	total := 0
+	for _, line := range strings.Split(log, "\n") {
+		if i := strings.Index(line, "more="); i >= 0 && strings.Contains(line, "more messages failed") {
 			var k int
 			fmt.Sscanf(line[i+len("more="):], "%d", &k)
 			total += k

@@ -44,6 +44,7 @@ type Listener struct {
 	// countsToldOnce: the log has said that the queue counts deliveries.
 	countsToldOnce atomic.Bool
 	deadLetters    *deadLetterLog // what of the dead letters is logged (deadletterlog.go)
+	failures       *deadLetterLog // ... and of the messages that failed and went back to the broker
 	// guarded: its connections read through framecheck's guard, since a
 	// message's headers could not be parsed (unreadable.go).
 	guarded atomic.Bool
@@ -187,6 +188,7 @@ func newListener(who, queue string, mw middleware.Middleware, h middleware.Handl
 	}
 	l.attrs = newSpanAttrs(l.tel, queue)
 	l.deadLetters = &deadLetterLog{burst: cfg.deadLetterBurst, every: cfg.deadLetterEvery}
+	l.failures = &deadLetterLog{burst: cfg.deadLetterBurst, every: cfg.deadLetterEvery}
 	if cfg.redeliveryLimit > 0 {
 		l.overLimit, l.hasRecoverer = overLimitHandler(survey.Recoverer, cfg.redeliveryLimit)
 	}
@@ -227,6 +229,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	}
 	l.ready.stop(err)
 	l.logDeadLetterSummary(l.deadLetters.due(time.Now(), true))
+	l.logFailureSummary(l.failures.due(time.Now(), true))
 	if ctx.Err() != nil {
 		sv.draining() // (if it ended between connections)
 		st := l.Stats()
@@ -382,6 +385,15 @@ type fatalError struct{ err error }
 func (e *fatalError) Error() string { return e.err.Error() }
 
 func (e *fatalError) Unwrap() error { return e.err }
+
+// logFailureSummary logs s, the failures not logged one by one, if any.
+func (l *Listener) logFailureSummary(s *deadLetterSummary) {
+	if s == nil {
+		return
+	}
+	l.cfg.logger.Warn("listener: more messages failed than are logged one by one (WithDeadLetterLog); Stats counts each",
+		"queue", l.queue, "more", s.more, "in_the_last", s.over.Round(time.Millisecond), "by_settlement_and_error_type", s.byTypeText())
+}
 
 func isFatal(err error) bool {
 	var f *fatalError

@@ -194,7 +194,12 @@ func WithDialTimeout(d time.Duration) Option {
 // more and their error types. After an interval with none beyond the burst,
 // the next ones are logged in full again. Stats().DeadLettered, the
 // amqpretry.dead_lettered metric and OnRecover hooks count every one
-// whatever is logged. burst 0 logs summaries only. Default 10, 10s.
+// whatever is logged. The warning for a message that failed and went back
+// to the broker (rejected, as Recover(recoverer.Reject()) has it for the
+// queue's own dead-letter exchange, or requeued) is limited the same way,
+// on a budget of its own, its summaries counting by settlement and error
+// type; Stats().Failed counts each. burst 0 logs summaries only. Default
+// 10, 10s.
 func WithDeadLetterLog(burst int, interval time.Duration) Option {
 	return func(c *config) {
 		if burst < 0 || interval < 100*time.Millisecond {

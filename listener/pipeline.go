@@ -470,7 +470,18 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) chainrun.Set
 			l.cfg.logger.Debug("listener: message failed; the broker delivers it again", "queue", l.queue, "message_id", d.MessageId, "error", errtext.String(err))
 		}
 	default:
-		l.cfg.logger.Warn("listener: message failed", "queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag, "settlement", settlement.String(), "error", errtext.String(err))
+		// Limited as the dead letters' warnings are: a queue that rejects
+		// every failure to its own dead-letter exchange, or a downstream out
+		// for every message, fails thousands a minute.
+		cause := err
+		if dd.fate != nil && dd.fate.failedFor != nil {
+			cause = dd.fate.failedFor // the handler's, not the recoverer's answer (recoverer.Reject)
+		}
+		full, summary := l.failures.take(time.Now(), settlement.String()+" "+chainrun.ErrorType(cause))
+		l.logFailureSummary(summary)
+		if full {
+			l.cfg.logger.Warn("listener: message failed", "queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag, "settlement", settlement.String(), "error", errtext.String(err))
+		}
 	}
 	if settlement == chainrun.Reject && rejectLoops(d, l.queue, err) {
 		l.cfg.logger.Error("listener: a message rejected for good came back to this queue after an earlier rejection from it, "+
