@@ -189,6 +189,10 @@ type publication struct {
 	finished  bool
 	stopWatch func() bool // undoes the context's watch
 	isolation *time.Timer // the confirm deadline while the isolator searches
+
+	// first is the send from publishAsync (confirmChannel.send), in the
+	// same allocation: one fewer per message.
+	first inflight
 }
 
 // deadline is when the publish's timeout ends it; zero without one.

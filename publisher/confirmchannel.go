@@ -254,17 +254,21 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 	}
 
 	tag := cc.published + 1
-	f := &inflight{
-		tag:      tag,
-		exchange: exchange, key: key, body: msg.Body,
-		messageID: msg.MessageId, correlationID: msg.CorrelationId, userID: msg.UserId, expiration: msg.Expiration,
-		headers: msg.Headers,
-		msg:     msg, mandatory: mandatory,
-		async: pub,
+	var f *inflight
+	if pub != nil {
+		// An async publish is sent from here once (publishAsync; a send
+		// again is deliver's, without pub): its inflight was allocated
+		// with it.
+		f = &pub.first
+	} else {
+		f = &inflight{result: make(chan error, 1)}
 	}
-	if pub == nil {
-		f.result = make(chan error, 1)
-	}
+	f.tag = tag
+	f.exchange, f.key, f.body = exchange, key, msg.Body
+	f.messageID, f.correlationID, f.userID, f.expiration = msg.MessageId, msg.CorrelationId, msg.UserId, msg.Expiration
+	f.headers = msg.Headers
+	f.msg, f.mandatory = msg, mandatory
+	f.async = pub
 	cc.mu.Lock()
 	if cc.dead.Load() {
 		cc.mu.Unlock()
