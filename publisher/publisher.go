@@ -309,12 +309,6 @@ const (
 // ErrInvalidMessage: the message cannot be sent as it is; nothing was sent.
 var ErrInvalidMessage = errors.New("publisher: invalid message")
 
-// check refuses what amqp091 cannot encode or the broker cannot take in a
-// frame (either would close the whole connection, with every publish in
-// flight on it), and what the broker would refuse by closing the channel,
-// with every unconfirmed publish on it (an expiration that is not a number
-// of milliseconds it takes, a user-id other than the login), and widens Go
-// ints in the headers.
 // mandatory is whether a publish with ctx sets mandatory.
 func (p *Publisher) mandatory(ctx context.Context) bool {
 	if m, ok := ctx.Value(mandatoryKey{}).(bool); ok {
@@ -353,6 +347,12 @@ func newMessageID() string {
 	return string(s[:])
 }
 
+// check refuses what amqp091 cannot encode or the broker cannot take in a
+// frame (either would close the whole connection, with every publish in
+// flight on it), and what the broker would refuse by closing the channel,
+// with every unconfirmed publish on it (an expiration that is not a number
+// of milliseconds it takes, a user-id other than the login), and widens Go
+// ints in the headers.
 func (p *Publisher) check(exchange, key string, msg *amqp.Publishing) error {
 	if msg.MessageId == "" {
 		msg.MessageId = newMessageID()
