@@ -55,3 +55,73 @@ func BenchmarkPoisonOverhead(b *testing.B) {
 		b.Fatalf("no delivery was acked after its recovery")
 	}
 }
+
+// asyncRecoverer is a middleware.AsyncRecoverer that puts every message
+// away at once: done is called inside RecoverAsync, or, with later set, on
+// the goroutine that serves later, as a confirm would come on the
+// publisher's.
+type asyncRecoverer struct{ later chan func(error) }
+
+func (asyncRecoverer) Recover(context.Context, *amqp.Delivery, error) error { return nil }
+
+func (r asyncRecoverer) RecoverAsync(_ context.Context, _ *amqp.Delivery, _ error, done func(error)) (bool, error) {
+	if r.later == nil {
+		done(nil)
+	} else {
+		r.later <- done
+	}
+	return true, nil
+}
+
+// BenchmarkPoisonDeferred is BenchmarkPoisonOverhead on the deferred path
+// (DeferSettlement), which a synchronous publisher never takes: the
+// recoverer is asynchronous and does nothing but answer, so what is
+// measured is the listener's and the middleware's own cost of settling a
+// failure later. at-once has the outcome come before the chain returns;
+// later has it come on another goroutine after the chain has returned, and
+// the original is acked there (settleLater).
+func BenchmarkPoisonDeferred(b *testing.B) {
+	poison := errors.New("bench: poison message")
+	handler := func(context.Context, *amqp.Delivery) error { return middleware.Permanent(poison) }
+	for _, tc := range []struct {
+		name  string
+		later bool
+	}{{"at-once", false}, {"later", true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			r := asyncRecoverer{}
+			if tc.later {
+				r.later = make(chan func(error))
+				served := make(chan struct{})
+				go func() {
+					defer close(served)
+					for done := range r.later {
+						done(nil)
+					}
+				}()
+				b.Cleanup(func() { close(r.later); <-served })
+			}
+			chain := middleware.Chain(middleware.Retry(5), middleware.Recover(r))
+			l, err := New("q", chain, handler, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+			if err != nil {
+				b.Fatal(err)
+			}
+			c := benchConsumer(b, l, handler)
+			headers := amqp.Table{"tenant": "acme", "attempt-source": "web"}
+			b.ReportAllocs()
+			for b.Loop() {
+				dd := &delivery{Delivery: amqp.Delivery{
+					Acknowledger: nopAck{}, DeliveryTag: 1, Exchange: "orders", RoutingKey: "order.created",
+					MessageId: "m-1", ContentType: "application/json", Headers: headers, Body: []byte(`{"order":1}`),
+				}, c: c, received: monotime()}
+				c.current.Store(dd)
+				c.inFlight.Add(1)
+				c.pending.Add(1)
+				c.process(dd)
+				c.pending.Wait() // settled, on whichever goroutine
+			}
+			if got := l.stats.handled.Load(); got == 0 {
+				b.Fatalf("no delivery was acked after its recovery")
+			}
+		})
+	}
+}
