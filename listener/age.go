@@ -47,15 +47,19 @@ type parkedList struct {
 }
 
 // park lists dd, unless it is settled already (a WillWait from a goroutine
-// its handler left behind).
-func (p *parkedList) park(dd *delivery) (listedNow bool) {
+// its handler left behind). spare, if not nil, is dd's place in the list
+// for its first park, in a record dd has already (its recovery's): else
+// one is allocated.
+func (p *parkedList) park(dd *delivery, spare *parkLink) (listedNow bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !dd.place.CompareAndSwap(unlisted, listed) {
 		return false
 	}
 	if dd.link == nil {
-		dd.link = &parkLink{}
+		if dd.link = spare; spare == nil {
+			dd.link = &parkLink{}
+		}
 	}
 	dd.link.prev, dd.link.next = p.last, nil
 	if p.last != nil {

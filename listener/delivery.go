@@ -62,6 +62,7 @@ type recovery struct {
 	failedFor   error // the cause it went to the recoverer with (Recovering), for the kill switch
 	recorded    bool  // the kill switch has counted it already
 	probeFailed bool  // ... as the failure of its probe: it is settled as the chain says
+	listed      bool  // DeferSettlement parked it (Undo takes it off the list again)
 
 	recovered  bool   // its recoverer put it elsewhere (RecoveredTo): acked, it counts as recovered
 	told       bool   // ... and said where (to, deadLetter)
@@ -79,6 +80,12 @@ type recovery struct {
 	deferral atomic.Int32
 	span     trace.Span
 	lateErr  error
+
+	// What DeferSettlement hands out, kept here rather than allocated per
+	// failed message: the context of the recoverer's work, and dd's place
+	// in the parked list (unless it parked before, with a link of its own).
+	ended listenerEnded
+	link  parkLink
 }
 
 // inBatch returns the batch dd came in, nil for a delivery of New's.
@@ -158,7 +165,7 @@ func (dd *delivery) leaveReader() bool {
 	if !dd.reader.CompareAndSwap(true, false) {
 		return false
 	}
-	dd.c.parked.park(dd)
+	dd.c.parked.park(dd, nil)
 	// Parked, it is no longer the reader's current one (the parked list
 	// has it for the age watch): a careful start that waits for the
 	// consumer to be idle must not wait for its retries.
@@ -229,26 +236,34 @@ const (
 // when it does not), in whatever order the confirms come. No goroutine
 // waits for it meanwhile. dd is parked meanwhile, for the age watch and
 // Stats, holding no slot. Not in batch mode, whose batches settle together.
-func (dd *delivery) DeferSettlement(chain context.Context) (context.Context, func(error), func()) {
+// What it returns is dd itself (Outcome, Undo) and a context in dd's
+// recovery record: nothing is allocated for it.
+func (dd *delivery) DeferSettlement(chain context.Context) (context.Context, chainctx.DeferredSettlement) {
 	c := dd.c
 	if c.b != nil {
-		return nil, nil, nil
+		return nil, nil
 	}
 	fate := dd.recovery() // allocated here, on the chain's goroutine, before the outcome can come
 	if !fate.deferral.CompareAndSwap(notDeferred, deferredInChain) {
-		return nil, nil, nil
+		return nil, nil
 	}
-	listed := c.parked.park(dd)
-	undo := func() {
-		if fate.deferral.CompareAndSwap(deferredInChain, notDeferred) && listed {
-			c.parked.unpark(dd)
-		}
-	}
-	return listenerEnded{Context: c.ctx, values: chain}, dd.outcome, undo
+	fate.listed = c.parked.park(dd, &fate.link)
+	fate.ended = listenerEnded{Context: c.ctx, values: chain}
+	return &fate.ended, dd
 }
 
-// outcome is the deferred settlement's outcome, called once.
-func (dd *delivery) outcome(err error) {
+// Undo takes back the deferral DeferSettlement made, on the chain's
+// goroutine, before the recoverer started anything: dd settles as its
+// chain returns.
+func (dd *delivery) Undo() {
+	fate := dd.fate
+	if fate.deferral.CompareAndSwap(deferredInChain, notDeferred) && fate.listed {
+		dd.c.parked.unpark(dd)
+	}
+}
+
+// Outcome is the deferred settlement's outcome, called once.
+func (dd *delivery) Outcome(err error) {
 	dd.fate.lateErr = err
 	if dd.fate.deferral.CompareAndSwap(deferredInChain, deferredEarly) {
 		return // the chain has not returned yet: its end settles dd
@@ -261,17 +276,20 @@ func (dd *delivery) outcome(err error) {
 // listenerEnded is the context of a deferred settlement's work: the chain's
 // values, ended only when the listener ends its deliveries' contexts (the
 // shutdown timeout, a lost channel), not when something in the chain
-// returns.
+// returns. Its methods take a pointer: DeferSettlement hands out the one in
+// a delivery's recovery record, where boxing a copy would allocate.
 type listenerEnded struct {
 	context.Context
 	values context.Context
 }
 
-func (l listenerEnded) Value(key any) any { return l.values.Value(key) }
+func (l *listenerEnded) Value(key any) any { return l.values.Value(key) }
 
 // AfterFunc lets a context made from this one (the recoverer's publish
 // timeout, the publisher's watch) hear of its end the way it would hear of
 // the listener's own context's: with no goroutine waiting for it, which the
 // context package would otherwise start per context of a type it does not
 // know.
-func (l listenerEnded) AfterFunc(f func()) (stop func() bool) { return context.AfterFunc(l.Context, f) }
+func (l *listenerEnded) AfterFunc(f func()) (stop func() bool) {
+	return context.AfterFunc(l.Context, f)
+}

@@ -34,7 +34,8 @@ func (c *consumer) readBatches(pending *batchRun) {
 			// Several batches may run at once: this goroutine runs this
 			// one, a new one reads the next.
 			run.detached = true
-			c.parked.park(run.dds[0]) // the oldest, for the age watch
+			first := run.dds[0]
+			c.parked.park(first, &first.fate.link) // the oldest, for the age watch
 			c.spawnBatchReader(nil)
 			c.runBatch(run)
 			return

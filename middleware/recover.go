@@ -82,11 +82,11 @@ func Recover(r Recoverer, opts ...RecoverOption) Middleware {
 				return &InterruptedError{Attempt: Attempt(ctx), Reason: stop, Last: err}
 			}
 			if ar, ok := r.(AsyncRecoverer); ok {
-				if rctx, outcome, undo, ok := chainctx.DeferSettlement(ctx); ok {
-					if started, rerr := cfg.recoverAsync(ctx, rctx, ar, d, err, outcome); started {
+				if rctx, settlement, ok := chainctx.DeferSettlement(ctx); ok {
+					if started, rerr := cfg.recoverAsync(ctx, rctx, ar, d, err, settlement); started {
 						return rerr
 					}
-					undo()
+					settlement.Undo()
 				}
 			}
 			if quick == nil || !quick.RecoversAtOnce(d, err) {
@@ -131,23 +131,23 @@ type quickRecoverer interface {
 	RecoversAtOnce(d *amqp.Delivery, cause error) bool
 }
 
-// recoverAsync hands the delivery to ar and returns at once; outcome tells
-// the listener the chain's result once ar's is known. Middlewares outside
+// recoverAsync hands the delivery to ar and returns at once; settlement's
+// Outcome tells the listener the chain's result once ar's is known. Middlewares outside
 // Recover see nil (or an error that was known at once) as the chain's
 // result; OnRecover hooks and telemetry hear of the outcome when it comes,
 // on whatever goroutine brings it. ctx is the chain's, rctx the one for the
 // recoverer's work, which only the listener ends.
 // started is false when ar cannot work so: nothing was done.
-func (cfg *recoverConfig) recoverAsync(ctx, rctx context.Context, ar AsyncRecoverer, d *amqp.Delivery, cause error, outcome func(error)) (started bool, err error) {
+func (cfg *recoverConfig) recoverAsync(ctx, rctx context.Context, ar AsyncRecoverer, d *amqp.Delivery, cause error, settlement chainctx.DeferredSettlement) (started bool, err error) {
 	// What conclude reads of the chain's state is read now, on the chain's
 	// goroutine.
 	rule, attempts := RuleApplied(ctx, cause), recoveryAttempts(ctx, cause)
 	started, err = ar.RecoverAsync(rctx, d, cause, func(rerr error) {
-		outcome(cfg.conclude(ctx, d, cause, rerr, rule, attempts, false))
+		settlement.Outcome(cfg.conclude(ctx, d, cause, rerr, rule, attempts, false))
 	})
 	if err != nil {
 		err = cfg.conclude(ctx, d, cause, err, rule, attempts, true)
-		outcome(err)
+		settlement.Outcome(err)
 		return true, err
 	}
 	if !started {

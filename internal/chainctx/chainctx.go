@@ -122,26 +122,38 @@ func RecoveredTo(ctx context.Context, to string, attempts int) {
 // awaited without parking a goroutine per message.
 type SettlementDeferrer interface {
 	// DeferSettlement says that the chain's outcome will be told later,
-	// once, through the returned func, whatever the chain returns now; the
-	// delivery stays unsettled until then. ctx is the context for the work
-	// meanwhile: the chain's values, ended only by the listener (shutdown,
-	// a lost channel), not by anything in the chain.
-	// undo takes the deferral back, before anything was started: the
-	// chain settles as it returns after all.
-	DeferSettlement(chain context.Context) (ctx context.Context, outcome func(err error), undo func())
+	// once, through the returned DeferredSettlement, whatever the chain
+	// returns now; the delivery stays unsettled until then. s is nil where
+	// it cannot. ctx is the context for the work meanwhile: the chain's
+	// values, ended only by the listener (shutdown, a lost channel), not by
+	// anything in the chain.
+	DeferSettlement(chain context.Context) (ctx context.Context, s DeferredSettlement)
+}
+
+// DeferredSettlement is a delivery whose settlement waits for the outcome
+// of its recovery. It is an object the listener has already (the
+// delivery), where a func for each method would cost an allocation per
+// failed message on the poison path.
+type DeferredSettlement interface {
+	// Outcome tells the chain's outcome, once, on any goroutine: the
+	// delivery settles by it.
+	Outcome(err error)
+	// Undo takes the deferral back, before anything was started, on the
+	// chain's goroutine: the chain settles as it returns after all.
+	Undo()
 }
 
 // DeferSettlement asks the SettlementDeferrer in ctx, if any, to settle the
-// delivery when outcome is called rather than when the chain returns. ok is
-// false where nobody can (a consumer of your own, batch mode): then the
-// caller must wait for the outcome itself.
-func DeferSettlement(chain context.Context) (ctx context.Context, outcome func(err error), undo func(), ok bool) {
+// delivery when s's Outcome is called rather than when the chain returns.
+// ok is false where nobody can (a consumer of your own, batch mode): then
+// the caller must wait for the outcome itself.
+func DeferSettlement(chain context.Context) (ctx context.Context, s DeferredSettlement, ok bool) {
 	if h, yes := chain.Value(recoveryHookKey).(SettlementDeferrer); yes {
-		if ctx, outcome, undo = h.DeferSettlement(chain); outcome != nil {
-			return ctx, outcome, undo, true
+		if ctx, s = h.DeferSettlement(chain); s != nil {
+			return ctx, s, true
 		}
 	}
-	return nil, nil, nil, false
+	return nil, nil, false
 }
 
 // WithRetryHop marks a recovery as a hop to a retry (a tier), not a dead
