@@ -196,6 +196,12 @@ func (iso *isolator) round(group []*inflight) (suspects, unsent []*inflight, cau
 	}
 	sent := make([]*inflight, len(group)) // the copy sent on cc
 	for i, f := range group {
+		if f.abandoned.Load() {
+			// Its caller stopped waiting while this round waited for its
+			// slot, its channel or the broker: told it was not confirmed,
+			// it is not sent again.
+			continue
+		}
 		g, err := cc.send(iso.ctx, f.exchange, f.key, f.msg, f.mandatory, nil, nil)
 		if err == nil {
 			sent[i] = g
