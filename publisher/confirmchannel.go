@@ -89,7 +89,7 @@ type inflight struct {
 	// channel's death, the isolator, the confirm deadline or the context.
 	async    *publication
 	answered atomic.Bool
-	deadline time.Time // sent + the confirm timeout
+	deadline time.Time // an async send's confirm deadline: the confirm timeout from the send, or the publish's own if sooner; set before it is registered, then only read
 }
 
 // finish gives the send its outcome.
@@ -269,6 +269,16 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 	f.headers = msg.Headers
 	f.msg, f.mandatory = msg, mandatory
 	f.async = pub
+	if pub != nil {
+		// Its confirm deadline is set before f is registered, not after
+		// the write: a channel that dies in between hands f to the
+		// isolator (die, expireAt), whose timer reads the deadline, and
+		// a zero one would fail f at once.
+		f.deadline = time.Now().Add(pub.p.cfg.confirmTimeout)
+		if !deadline.IsZero() && deadline.Before(f.deadline) {
+			f.deadline = deadline
+		}
+	}
 	cc.mu.Lock()
 	if cc.dead.Load() {
 		cc.mu.Unlock()
@@ -300,11 +310,7 @@ func (cc *confirmChannel) send(ctx context.Context, exchange, key string, msg *a
 	}
 	cc.published = tag
 	if pub != nil {
-		due := time.Now().Add(pub.p.cfg.confirmTimeout)
-		if !deadline.IsZero() && deadline.Before(due) {
-			due = deadline
-		}
-		cc.expireLater(f, due)
+		cc.expireLater(f)
 	}
 	return f, nil
 }
@@ -326,14 +332,14 @@ func (cc *confirmChannel) takeSlotSoon() bool {
 	return false
 }
 
-// expireLater queues f, just sent, to be failed if no confirm comes by
+// expireLater queues f, just sent, to be failed if no confirm comes by its
 // deadline. The queue is kept in the order of the deadlines: sends are
 // serialised (sendSlot) and most share the confirm timeout, so f goes at
 // the end but for a publish whose own timeout is shorter (publishAsync).
-func (cc *confirmChannel) expireLater(f *inflight, deadline time.Time) {
+func (cc *confirmChannel) expireLater(f *inflight) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
-	f.deadline = deadline
+	deadline := f.deadline
 	if cc.dead.Load() {
 		return // die has taken the pending, f with them if it was still there
 	}
