@@ -67,11 +67,14 @@ var errBadOrder = badOrder{}
 // countFull counts the dead letters logged one by one.
 func countFull(log string) int { return strings.Count(log, "msg=\"listener: message dead-lettered\"") }
 
-// summarized adds up the "more" of the summary lines.
-func summarized(log string) int {
+// summarized adds up the "more" of the dead letters' summary lines.
+func summarized(log string) int { return summedMore(log, "dead-lettered") }
+
+// summedMore adds up the "more" of the log lines that contain what.
+func summedMore(log, what string) int {
 	total := 0
 	for _, line := range strings.Split(log, "\n") {
-		if i := strings.Index(line, "more="); i >= 0 && strings.Contains(line, "dead-lettered") {
+		if i := strings.Index(line, "more="); i >= 0 && strings.Contains(line, what) {
 			var k int
 			fmt.Sscanf(line[i+len("more="):], "%d", &k)
 			total += k
@@ -113,15 +116,5 @@ func TestRejectFloodIsNotALogStorm(t *testing.T) {
 	brokertest.Eventually(t, 5*time.Second, "the broker's DLX routed every reject", func() bool { return brokertest.Depth(t, dlq) == n })
 }
 
-// summarizedFailures adds up the "more" of the failure summaries.
-func summarizedFailures(log string) int {
-	total := 0
-	for _, line := range strings.Split(log, "\n") {
-		if i := strings.Index(line, "more="); i >= 0 && strings.Contains(line, "more messages failed") {
-			var k int
-			fmt.Sscanf(line[i+len("more="):], "%d", &k)
-			total += k
-		}
-	}
-	return total
-}
+// summarizedFailures adds up the "more" of the failures' summary lines.
+func summarizedFailures(log string) int { return summedMore(log, "more messages failed") }

@@ -37,19 +37,11 @@ func BenchmarkPoisonOverhead(b *testing.B) {
 		b.Fatal(err)
 	}
 	c := benchConsumer(b, l, handler)
-	headers := amqp.Table{"tenant": "acme", "attempt-source": "web"}
 	b.ReportAllocs()
 	for b.Loop() {
 		// Not the reader, so WillWait starts no reading goroutine: there is
 		// no deliveries channel here.
-		dd := &delivery{Delivery: amqp.Delivery{
-			Acknowledger: nopAck{}, DeliveryTag: 1, Exchange: "orders", RoutingKey: "order.created",
-			MessageId: "m-1", ContentType: "application/json", Headers: headers, Body: []byte(`{"order":1}`),
-		}, c: c, received: monotime()}
-		c.current.Store(dd)
-		c.inFlight.Add(1)
-		c.pending.Add(1)
-		c.process(dd)
+		c.process(poisonDelivery(c))
 	}
 	if got := l.stats.handled.Load(); got == 0 {
 		b.Fatalf("no delivery was acked after its recovery")
@@ -106,17 +98,9 @@ func BenchmarkPoisonDeferred(b *testing.B) {
 				b.Fatal(err)
 			}
 			c := benchConsumer(b, l, handler)
-			headers := amqp.Table{"tenant": "acme", "attempt-source": "web"}
 			b.ReportAllocs()
 			for b.Loop() {
-				dd := &delivery{Delivery: amqp.Delivery{
-					Acknowledger: nopAck{}, DeliveryTag: 1, Exchange: "orders", RoutingKey: "order.created",
-					MessageId: "m-1", ContentType: "application/json", Headers: headers, Body: []byte(`{"order":1}`),
-				}, c: c, received: monotime()}
-				c.current.Store(dd)
-				c.inFlight.Add(1)
-				c.pending.Add(1)
-				c.process(dd)
+				c.process(poisonDelivery(c))
 				c.pending.Wait() // settled, on whichever goroutine
 			}
 			if got := l.stats.handled.Load(); got == 0 {
@@ -124,4 +108,20 @@ func BenchmarkPoisonDeferred(b *testing.B) {
 			}
 		})
 	}
+}
+
+// poisonHeaders are the headers of the poison benchmarks' deliveries.
+var poisonHeaders = amqp.Table{"tenant": "acme", "attempt-source": "web"}
+
+// poisonDelivery is a delivery of the poison benchmarks, taken in by c as
+// its reader would.
+func poisonDelivery(c *consumer) *delivery {
+	dd := &delivery{Delivery: amqp.Delivery{
+		Acknowledger: nopAck{}, DeliveryTag: 1, Exchange: "orders", RoutingKey: "order.created",
+		MessageId: "m-1", ContentType: "application/json", Headers: poisonHeaders, Body: []byte(`{"order":1}`),
+	}, c: c, received: monotime()}
+	c.current.Store(dd)
+	c.inFlight.Add(1)
+	c.pending.Add(1)
+	return dd
 }

@@ -373,13 +373,7 @@ func TestCloseCallsEveryDone(t *testing.T) {
 // gets a *ChannelError, every other done nil.
 func TestPublishAsyncUnpinnedExceptionAmongMany(t *testing.T) {
 	const n = 500
-	q := brokertest.Name(t, "q")
-	brokertest.Queue(t, q, nil)
-	internal := brokertest.Name(t, "internal")
-	ch := brokertest.Channel(t, brokertest.Dial(t))
-	if err := ch.ExchangeDeclare(internal, "fanout", false, true, true, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	q, internal, ch := unpinnedFixture(t)
 	proxy, url := brokertest.Proxy(t)
 	p := newPublisher(t, url, publisher.WithChannels(1), publisher.WithMaxInFlight(n))
 	if err := p.Publish(ctxTimeout(t, 10*time.Second), "", q, amqp.Publishing{Body: []byte("warm")}); err != nil {

@@ -56,13 +56,7 @@ func testDeadlineDuringSearch(t *testing.T, deadline string, afterSends bool) {
 		short   = 2 * time.Second // the deadline that passes during round 2
 		latency = 40 * time.Millisecond
 	)
-	q := brokertest.Name(t, "q")
-	brokertest.Queue(t, q, nil)
-	internal := brokertest.Name(t, "internal")
-	ch := brokertest.Channel(t, brokertest.Dial(t))
-	if err := ch.ExchangeDeclare(internal, "fanout", false, true, true, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	q, internal, ch := unpinnedFixture(t)
 	proxy, url := brokertest.Proxy(t)
 	proxy.RecordMethods()
 	t.Cleanup(func() { proxy.Blackhole(false) })
@@ -201,14 +195,7 @@ func testDeadlineDuringSearch(t *testing.T, deadline string, afterSends bool) {
 		t.Fatalf("%d done calls for %d publishes", got, n)
 	}
 
-	onQueue := map[string]int{}
-	for {
-		d, ok := brokertest.Get(t, ch, q)
-		if !ok {
-			break
-		}
-		onQueue[string(d.Body)]++
-	}
+	onQueue := brokertest.CountBodies(t, ch, q)
 	mu.Lock()
 	lateOutcomes := 0
 	for i := range n {

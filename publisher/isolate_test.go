@@ -35,13 +35,7 @@ func TestAnUnpinnedExceptionAmongManyInFlightTakesFewRounds(t *testing.T) {
 }
 
 func testUnpinnedAmongMany(t *testing.T, inFlight int, culprits []int) {
-	q := brokertest.Name(t, "q")
-	brokertest.Queue(t, q, nil)
-	internal := brokertest.Name(t, "internal")
-	ch := brokertest.Channel(t, brokertest.Dial(t))
-	if err := ch.ExchangeDeclare(internal, "fanout", false, true, true, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	q, internal, ch := unpinnedFixture(t)
 	proxy, url := brokertest.Proxy(t)
 	proxy.RecordMethods()
 	p := newPublisher(t, url, publisher.WithChannels(1))
@@ -68,14 +62,7 @@ func testUnpinnedAmongMany(t *testing.T, inFlight int, culprits []int) {
 		t.Errorf("%d channels opened, want at most %d", opened, limit)
 	}
 
-	copies := map[string]int{}
-	for {
-		d, ok := brokertest.Get(t, ch, q)
-		if !ok {
-			break
-		}
-		copies[string(d.Body)]++
-	}
+	copies := brokertest.CountBodies(t, ch, q)
 	for body, n := range copies {
 		if n > 1+rounds {
 			t.Errorf("%s is on the queue %d times, more than once per round plus once", body, n)
@@ -137,13 +124,7 @@ func badAmongMany(tb testing.TB, ctx context.Context, p *publisher.Publisher, pr
 // and no goroutine of the search outlives the Publisher.
 func TestAConnectionCutDuringTheSearch(t *testing.T) {
 	const inFlight = 500
-	q := brokertest.Name(t, "q")
-	brokertest.Queue(t, q, nil)
-	internal := brokertest.Name(t, "internal")
-	ch := brokertest.Channel(t, brokertest.Dial(t))
-	if err := ch.ExchangeDeclare(internal, "fanout", false, true, true, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	q, internal, ch := unpinnedFixture(t)
 	proxy, url := brokertest.Proxy(t)
 	p := newPublisher(t, url, publisher.WithChannels(1))
 	proxy.SetLatency(10 * time.Millisecond) // rounds long enough to cut one
@@ -187,13 +168,7 @@ func TestAConnectionCutDuringTheSearch(t *testing.T) {
 // under way: it stops short of the three rounds 500 need.
 func TestCallersThatGiveUpAreNotSearchedFurther(t *testing.T) {
 	const inFlight = 500
-	q := brokertest.Name(t, "q")
-	brokertest.Queue(t, q, nil)
-	internal := brokertest.Name(t, "internal")
-	ch := brokertest.Channel(t, brokertest.Dial(t))
-	if err := ch.ExchangeDeclare(internal, "fanout", false, true, true, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	q, internal, _ := unpinnedFixture(t)
 	proxy, url := brokertest.Proxy(t)
 	p := newPublisher(t, url, publisher.WithChannels(1))
 	proxy.SetLatency(10 * time.Millisecond) // a round long enough to give up in
@@ -224,4 +199,19 @@ func TestCallersThatGiveUpAreNotSearchedFurther(t *testing.T) {
 	if err := p.Publish(ctxTimeout(t, 10*time.Second), "", q, amqp.Publishing{Body: []byte("after")}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// unpinnedFixture makes a queue q, an internal exchange (a publish to it
+// makes the broker close the channel with a 403 whose text names no
+// message in flight), and a channel ch to inspect them with.
+func unpinnedFixture(t *testing.T) (q, internal string, ch *amqp.Channel) {
+	t.Helper()
+	q = brokertest.Name(t, "q")
+	brokertest.Queue(t, q, nil)
+	internal = brokertest.Name(t, "internal")
+	ch = brokertest.Channel(t, brokertest.Dial(t))
+	if err := ch.ExchangeDeclare(internal, "fanout", false, true, true, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	return q, internal, ch
 }

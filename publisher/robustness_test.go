@@ -156,14 +156,7 @@ func TestAnUnattributedChannelExceptionFailsOnlyItsCause(t *testing.T) {
 	if !errors.As(culprit, &chErr) || chErr.Code != amqp.AccessRefused {
 		t.Fatalf("the culprit's publish: %v, want a *ChannelError with 403", culprit)
 	}
-	copies := map[string]int{}
-	for {
-		d, ok := brokertest.Get(t, ch, q)
-		if !ok {
-			break
-		}
-		copies[string(d.Body)]++
-	}
+	copies := brokertest.CountBodies(t, ch, q)
 	for body, n := range copies {
 		if n > 2 {
 			t.Errorf("%s is on the queue %d times: sent again more than once", body, n)

@@ -230,6 +230,20 @@ func Get(t testing.TB, ch *amqp.Channel, queue string) (amqp.Delivery, bool) {
 	return d, ok
 }
 
+// CountBodies takes every message from a queue, acking each, and counts
+// them by body.
+func CountBodies(t testing.TB, ch *amqp.Channel, queue string) map[string]int {
+	t.Helper()
+	counts := map[string]int{}
+	for {
+		d, ok := Get(t, ch, queue)
+		if !ok {
+			return counts
+		}
+		counts[string(d.Body)]++
+	}
+}
+
 // Publish publishes body to the default exchange, routed to queue, and waits
 // for the broker's confirm.
 func Publish(t testing.TB, queue string, msgs ...amqp.Publishing) {
