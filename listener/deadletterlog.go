@@ -17,9 +17,14 @@ import (
 // comes back after an interval with none beyond it. Stats, the
 // amqpretry.dead_lettered metric and OnRecover hooks still count every one.
 // See WithDeadLetterLog.
+//
+// The listener keeps two: one for the dead letters, one for the messages
+// that failed and went back to the broker (rejected or requeued).
 type deadLetterLog struct {
 	burst int
 	every time.Duration
+	// summary is the summary line's message, byKey the name of its counts.
+	summary, byKey string
 
 	mu     sync.Mutex
 	since  time.Time      // the start of the current interval
@@ -98,11 +103,27 @@ func (s *deadLetterSummary) byTypeText() string {
 	return b.String()
 }
 
-// logDeadLetterSummary logs s, if any.
-func (l *Listener) logDeadLetterSummary(s *deadLetterSummary) {
+// newLogs returns the listener's two limited logs (WithDeadLetterLog).
+func newLogs(burst int, every time.Duration) (deadLetters, failures *deadLetterLog) {
+	return &deadLetterLog{burst: burst, every: every, byKey: "by_error_type",
+			summary: "listener: dead-lettered more messages than are logged one by one (WithDeadLetterLog); Stats and the metric count each"},
+		&deadLetterLog{burst: burst, every: every, byKey: "by_settlement_and_error_type",
+			summary: "listener: more messages failed than are logged one by one (WithDeadLetterLog); Stats counts each"}
+}
+
+// logSummary logs s, a summary of dl, if any.
+func (l *Listener) logSummary(dl *deadLetterLog, s *deadLetterSummary) {
 	if s == nil {
 		return
 	}
-	l.cfg.logger.Warn("listener: dead-lettered more messages than are logged one by one (WithDeadLetterLog); Stats and the metric count each",
-		"queue", l.queue, "more", s.more, "in_the_last", s.over.Round(time.Millisecond), "by_error_type", s.byTypeText())
+	l.cfg.logger.Warn(dl.summary, "queue", l.queue, "more", s.more, "in_the_last", s.over.Round(time.Millisecond), dl.byKey, s.byTypeText())
+}
+
+// logSummariesDue logs the summaries of both logs for an interval that has
+// ended or, with final, for the one under way.
+func (l *Listener) logSummariesDue(final bool) {
+	now := time.Now()
+	for _, dl := range [...]*deadLetterLog{l.deadLetters, l.failures} {
+		l.logSummary(dl, dl.due(now, final))
+	}
 }

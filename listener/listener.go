@@ -187,8 +187,7 @@ func newListener(who, queue string, mw middleware.Middleware, h middleware.Handl
 		spanName:  "process " + queue,
 	}
 	l.attrs = newSpanAttrs(l.tel, queue)
-	l.deadLetters = &deadLetterLog{burst: cfg.deadLetterBurst, every: cfg.deadLetterEvery}
-	l.failures = &deadLetterLog{burst: cfg.deadLetterBurst, every: cfg.deadLetterEvery}
+	l.deadLetters, l.failures = newLogs(cfg.deadLetterBurst, cfg.deadLetterEvery)
 	if cfg.redeliveryLimit > 0 {
 		l.overLimit, l.hasRecoverer = overLimitHandler(survey.Recoverer, cfg.redeliveryLimit)
 	}
@@ -228,8 +227,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		err = fatal.err
 	}
 	l.ready.stop(err)
-	l.logDeadLetterSummary(l.deadLetters.due(time.Now(), true))
-	l.logFailureSummary(l.failures.due(time.Now(), true))
+	l.logSummariesDue(true)
 	if ctx.Err() != nil {
 		sv.draining() // (if it ended between connections)
 		st := l.Stats()
@@ -386,15 +384,6 @@ func (e *fatalError) Error() string { return e.err.Error() }
 
 func (e *fatalError) Unwrap() error { return e.err }
 
-// logFailureSummary logs s, the failures not logged one by one, if any.
-func (l *Listener) logFailureSummary(s *deadLetterSummary) {
-	if s == nil {
-		return
-	}
-	l.cfg.logger.Warn("listener: more messages failed than are logged one by one (WithDeadLetterLog); Stats counts each",
-		"queue", l.queue, "more", s.more, "in_the_last", s.over.Round(time.Millisecond), "by_settlement_and_error_type", s.byTypeText())
-}
-
 func isFatal(err error) bool {
 	var f *fatalError
 	return errors.As(err, &f)
@@ -411,7 +400,7 @@ func (l *Listener) recovered(messageID string, r *recovery) {
 	l.stats.deadLettered.Add(1)
 	l.tel.DeadLettered.Add(context.Background(), 1, l.attrs.queue.Add...)
 	full, summary := l.deadLetters.take(time.Now(), chainrun.ErrorType(r.failedFor))
-	l.logDeadLetterSummary(summary)
+	l.logSummary(l.deadLetters, summary)
 	if !full {
 		return
 	}

@@ -478,7 +478,7 @@ func (c *consumer) settle(dd *delivery, span trace.Span, err error) chainrun.Set
 			cause = dd.fate.failedFor // the handler's, not the recoverer's answer (recoverer.Reject)
 		}
 		full, summary := l.failures.take(time.Now(), settlement.String()+" "+chainrun.ErrorType(cause))
-		l.logFailureSummary(summary)
+		l.logSummary(l.failures, summary)
 		if full {
 			l.cfg.logger.Warn("listener: message failed", "queue", l.queue, "message_id", d.MessageId, "delivery_tag", d.DeliveryTag, "settlement", settlement.String(), "error", errtext.String(err))
 		}

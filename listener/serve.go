@@ -176,8 +176,7 @@ func (sv *supervisor) serveOn(ctx context.Context, conn *amqpconn.Conn) (err err
 				s.scale()
 			}
 			l.watchAges()
-			l.logDeadLetterSummary(l.deadLetters.due(time.Now(), false))
-			l.logFailureSummary(l.failures.due(time.Now(), false))
+			l.logSummariesDue(false)
 		}
 	}
 }
